@@ -1,0 +1,3 @@
+"""tunesmith: fine-tune large language models fast, from one YAML file."""
+
+__version__ = "0.1.0"

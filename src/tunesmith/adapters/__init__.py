@@ -1,0 +1,1 @@
+"""Trainable-parameter setups: LoRA (PEFT), freeze, full."""

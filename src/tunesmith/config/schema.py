@@ -1,0 +1,207 @@
+"""The config schema: one dataclass per section, every field documented.
+
+Keys are flat in YAML (as in LLaMA-Factory) and unique across sections. Field metadata
+(help text, choices, group, bounds) is the single source for validation, `--help` and
+the web UI, so none of them can drift from the YAML keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin
+
+FinetuningType = Literal["lora", "freeze", "full"]
+Stage = Literal["sft", "pt"]
+Scheduler = Literal["linear", "cosine", "constant", "constant_with_warmup"]
+ReportTo = Literal["none", "tensorboard", "wandb"]
+TruncationPolicy = Literal["truncate_prompt", "drop", "error"]
+BadRowPolicy = Literal["error", "skip"]
+CheckpointingMode = Literal["false", "true", "selective", "offload"]
+
+
+def opt(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
+        exclusive_min: bool = False, choices: tuple[str, ...] | None = None,
+        advanced: bool = False) -> Any:
+    """A config field with its documentation and bounds."""
+    meta = {"help": help, "minimum": minimum, "maximum": maximum,
+            "exclusive_min": exclusive_min, "choices": choices, "advanced": advanced}
+    if isinstance(default, list | dict):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    model_name_or_path: str = opt(
+        "", "Base model: a built-in alias (smollm2-135m-instruct), a local Hugging Face model "
+        "folder, a .gguf file, or a hub id when a network is available.")
+    adapter_name_or_path: list[str] = opt(
+        [], "PEFT adapter folder(s) to load on top of the base model (comma-separated).")
+    template: str = opt(
+        "", "Chat template: empty uses the tokenizer's own; or a built-in name "
+        "(chatml, qwen, llama3, mistral, gemma, phi, alpaca, default).")
+    trust_remote_code: bool = opt(
+        False, "Allow model code from the model folder or hub to run. Off unless you trust it.")
+    cache_dir: str = opt("", "Where converted models and downloads are cached "
+                         "(default ~/.cache/tunesmith, or $TUNESMITH_CACHE).", advanced=True)
+    attn_implementation: str = opt(
+        "sdpa", "Attention kernel: sdpa, eager, or a name registered with transformers.",
+        advanced=True)
+
+
+@dataclass
+class DataConfig:
+    dataset: list[str] = opt([], "Training dataset(s): names in dataset_dir/dataset_info.json, "
+                                 "built-in names (identity), or file paths; comma-separated.")
+    eval_dataset: list[str] = opt([], "Evaluation dataset(s), same forms as dataset.")
+    dataset_dir: str = opt("data", "Folder holding dataset_info.json and the data files.")
+    dataset_vars: dict = opt({}, "Values for {{placeholders}} in dataset text, e.g. "
+                                 "{name: Tuney, author: Ada}.")
+    cutoff_len: int = opt(2048, "Maximum tokens per sample (prompt + response).", minimum=8)
+    truncation: TruncationPolicy = opt(
+        "truncate_prompt", "What to do with samples longer than cutoff_len: truncate the "
+        "prompt first (keeping the response), drop them (counted), or stop with an error.")
+    on_bad_row: BadRowPolicy = opt(
+        "error", "Malformed rows: stop before training with a report (error) or skip them with "
+        "the same report (skip).")
+    max_samples: int = opt(0, "Use at most this many samples per dataset (0: all).", minimum=0)
+    val_size: float = opt(0.0, "Validation split: a fraction in (0, 1) or a count >= 1.",
+                          minimum=0)
+    train_on_prompt: bool = opt(False, "Compute the loss on prompt tokens too.")
+    mask_history: bool = opt(False, "Train only the last assistant turn of each conversation.")
+    preprocessing_num_workers: int = opt(0, "Processes for tokenisation (0: automatic).",
+                                         minimum=0, advanced=True)
+    dataloader_num_workers: int = opt(0, "DataLoader worker processes.", minimum=0,
+                                      advanced=True)
+
+
+@dataclass
+class FinetuningConfig:
+    stage: Stage = opt("sft", "Training stage: sft (supervised fine-tuning) or pt (plain text).")
+    finetuning_type: FinetuningType = opt("lora", "lora, freeze (train the last layers) or full.")
+    lora_rank: int = opt(8, "LoRA rank r.", minimum=1)
+    lora_alpha: float = opt(0, "LoRA alpha (0: twice the rank).", minimum=0)
+    lora_dropout: float = opt(0.0, "Dropout on the LoRA input.", minimum=0, maximum=1)
+    lora_target: list[str] = opt(["all"], "Modules to adapt: all (every linear layer but the "
+                                          "output head) or names such as q_proj,v_proj.")
+    use_rslora: bool = opt(False, "Rank-stabilised LoRA scaling (alpha / sqrt(r)).")
+    use_dora: bool = opt(False, "Weight-decomposed LoRA (DoRA).")
+    freeze_trainable_layers: int = opt(
+        2, "freeze: train the last N decoder layers (negative: the first N).")
+    freeze_trainable_modules: list[str] = opt(
+        ["all"], "freeze: modules inside trainable layers to train (all, or names like mlp).")
+
+
+@dataclass
+class TrainingConfig:
+    output_dir: str = opt("", "Where the tuned adapter/model, checkpoints and metrics go.")
+    overwrite_output_dir: bool = opt(False, "Allow writing into a non-empty output_dir.")
+    per_device_train_batch_size: int = opt(1, "Samples per micro-batch.", minimum=1)
+    per_device_eval_batch_size: int = opt(1, "Samples per evaluation batch.", minimum=1)
+    gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step.", minimum=1)
+    learning_rate: float = opt(5e-5, "Peak learning rate.", minimum=0, exclusive_min=True)
+    num_train_epochs: float = opt(3.0, "Epochs (may be fractional).", minimum=0,
+                                  exclusive_min=True)
+    max_steps: int = opt(0, "Stop after this many optimizer steps (0: use epochs).", minimum=0)
+    lr_scheduler_type: Scheduler = opt("cosine", "Learning-rate schedule after warmup.")
+    warmup_ratio: float = opt(0.0, "Warmup as a fraction of all steps.", minimum=0, maximum=1)
+    warmup_steps: int = opt(0, "Warmup steps (overrides warmup_ratio).", minimum=0)
+    weight_decay: float = opt(0.0, "AdamW weight decay.", minimum=0)
+    adam_beta1: float = opt(0.9, "AdamW beta1.", minimum=0, maximum=1, advanced=True)
+    adam_beta2: float = opt(0.999, "AdamW beta2.", minimum=0, maximum=1, advanced=True)
+    adam_epsilon: float = opt(1e-8, "AdamW epsilon.", minimum=0, exclusive_min=True,
+                              advanced=True)
+    max_grad_norm: float = opt(1.0, "Clip gradients to this norm (0: no clipping).", minimum=0)
+    bf16: bool = opt(False, "bf16 mixed precision (GPU; CPU runs stay fp32).")
+    fp16: bool = opt(False, "fp16 mixed precision with loss scaling (GPU).")
+    gradient_checkpointing: CheckpointingMode = opt(
+        "false", "Activation recompute: false, true, selective or offload.")
+    logging_steps: int = opt(5, "Log metrics every N optimizer steps.", minimum=1)
+    save_steps: int = opt(500, "Write a checkpoint every N optimizer steps (0: never).",
+                          minimum=0)
+    save_total_limit: int = opt(0, "Keep at most N checkpoints (0: all).", minimum=0)
+    eval_steps: int = opt(0, "Evaluate every N steps (0: at the end only, if there is "
+                             "validation data).", minimum=0)
+    seed: int = opt(42, "Random seed for initialisation, data order and dropout.")
+    resume_from_checkpoint: str = opt("", "auto (latest complete checkpoint in output_dir) or "
+                                          "a checkpoint path.")
+    report_to: ReportTo = opt("none", "Also log to tensorboard or wandb (when installed).")
+    max_nonfinite_steps: int = opt(
+        5, "Stop after this many consecutive skipped steps with a non-finite loss or gradient.",
+        minimum=1, advanced=True)
+    loss_chunk_size: int = opt(
+        1024, "Rows per chunk in the fused linear cross-entropy.", minimum=1, advanced=True)
+    loss_impl: Literal["chunked", "reference"] = opt(
+        "chunked", "Loss: chunked linear cross-entropy or the plain reference path.",
+        advanced=True)
+    device: str = opt("auto", "auto, cpu, cuda or cuda:N.", advanced=True)
+    # Accepted for LLaMA-Factory compatibility; each is honoured, none is ignored silently.
+    do_train: bool = opt(True, "Must be true for `tunesmith train` (LLaMA-Factory key).",
+                         advanced=True)
+    plot_loss: bool = opt(True, "Draw loss.png (always drawn; false turns it off).",
+                          advanced=True)
+    overwrite_cache: bool = opt(False, "Re-tokenise even when a cached copy exists.",
+                                advanced=True)
+    save_only_model: bool = opt(False, "Checkpoints hold only the weights (no optimizer "
+                                       "state: such checkpoints cannot resume exactly).",
+                                advanced=True)
+    eval_strategy: Literal["no", "steps", "epoch"] = opt(
+        "steps", "When to evaluate on the validation split.", advanced=True)
+    ddp_timeout: int = opt(1800, "Seconds a rank waits in a collective before failing.",
+                           minimum=1, advanced=True)
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    finetuning: FinetuningConfig = field(default_factory=FinetuningConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+
+    def to_flat(self) -> dict[str, Any]:
+        """Flat key -> value mapping, as written to config.resolved.yaml."""
+        flat: dict[str, Any] = {}
+        for section in SECTIONS:
+            flat.update(dataclasses.asdict(getattr(self, section)))
+        return flat
+
+
+SECTIONS = ("model", "data", "finetuning", "training")
+
+
+def field_index() -> dict[str, tuple[str, dataclasses.Field]]:
+    """Every flat key -> (section name, dataclass field)."""
+    index: dict[str, tuple[str, dataclasses.Field]] = {}
+    for section in SECTIONS:
+        section_type = Config.__dataclass_fields__[section].default_factory
+        for f in dataclasses.fields(section_type):
+            assert f.name not in index, f"duplicate config key {f.name}"
+            index[f.name] = (section, f)
+    return index
+
+
+def field_choices(f: dataclasses.Field) -> tuple[str, ...] | None:
+    """The closed set of values of a field, from its Literal type or its metadata."""
+    if f.metadata.get("choices"):
+        return f.metadata["choices"]
+    tp = _resolve(f.type)
+    if get_origin(tp) is Literal:
+        return tuple(get_args(tp))
+    return None
+
+
+def _resolve(tp: Any) -> Any:
+    if isinstance(tp, str):
+        return eval(tp, globals())  # annotations are strings under `from __future__`
+    return tp
+
+
+def field_kind(f: dataclasses.Field) -> str:
+    """One of: bool, int, float, str, list, dict (Literal fields are str)."""
+    tp = _resolve(f.type)
+    if get_origin(tp) is Literal:
+        return "str"
+    if get_origin(tp) is list or tp is list:
+        return "list"
+    return {bool: "bool", int: "int", float: "float", str: "str", dict: "dict"}[tp]

@@ -1,0 +1,2 @@
+"""Data layer: readers -> format converters -> template rendering with loss masks ->
+tokenised samples -> batches."""

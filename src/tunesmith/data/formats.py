@@ -1,0 +1,138 @@
+"""Dataset formats -> `Conversation`. Each converter raises `RowError` with a reason.
+
+Column names follow LLaMA-Factory's dataset_info.json ("columns" and "tags").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunesmith.data.conversation import Conversation, Message
+
+
+class RowError(ValueError):
+    """A row that cannot be converted; the message is the reason."""
+
+
+@dataclass
+class FormatSpec:
+    """How to read one dataset: its format, column names and role tags."""
+
+    formatting: str = "alpaca"
+    columns: dict[str, str] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
+
+    def col(self, name: str) -> str:
+        return self.columns.get(name, ALPACA_DEFAULT_COLUMNS.get(name, name))
+
+
+ALPACA_DEFAULT_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output",
+                          "system": "system", "history": "history", "messages": "conversations",
+                          "tools": "tools", "chosen": "chosen", "rejected": "rejected",
+                          "text": "text"}
+SHAREGPT_DEFAULT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human",
+                         "assistant_tag": "gpt", "observation_tag": "observation",
+                         "function_tag": "function_call", "system_tag": "system"}
+
+
+def _text(row: dict[str, Any], key: str, *, required: bool) -> str:
+    value = row.get(key)
+    if value is None:
+        if required:
+            raise RowError(f"missing column {key!r} (columns present: {sorted(row)})")
+        return ""
+    if not isinstance(value, str):
+        raise RowError(f"column {key!r} is {type(value).__name__}, expected text")
+    return value
+
+
+def convert_alpaca(row: dict[str, Any], spec: FormatSpec) -> Conversation:
+    msgs: list[Message] = []
+    system = _text(row, spec.col("system"), required=False)
+    if system:
+        msgs.append(Message("system", system))
+    history = row.get(spec.col("history")) or []
+    if not isinstance(history, list):
+        raise RowError(f"column {spec.col('history')!r} must be a list of [prompt, response]")
+    for turn in history:
+        if not (isinstance(turn, list | tuple) and len(turn) == 2
+                and all(isinstance(t, str) for t in turn)):
+            raise RowError(f"history entry {turn!r} is not a [prompt, response] pair of text")
+        msgs += [Message("user", turn[0]), Message("assistant", turn[1])]
+    prompt = _text(row, spec.col("prompt"), required=True)
+    query = _text(row, spec.col("query"), required=False)
+    user = f"{prompt}\n{query}" if prompt and query else (prompt or query)
+    response = row.get(spec.col("response"))
+    if isinstance(response, list) and spec.formatting == "alpaca" and len(response) == 2:
+        raise RowError("response is a list of two answers: a preference pair needs `ranking: "
+                       "true` in dataset_info.json")
+    response_text = _text(row, spec.col("response"), required=True)
+    msgs += [Message("user", user), Message("assistant", response_text)]
+    return Conversation(msgs)
+
+
+def convert_sharegpt(row: dict[str, Any], spec: FormatSpec) -> Conversation:
+    tags = {**SHAREGPT_DEFAULT_TAGS, **spec.tags}
+    role_map = {tags["user_tag"]: "user", tags["assistant_tag"]: "assistant",
+                tags["observation_tag"]: "tool", tags["function_tag"]: "assistant",
+                tags["system_tag"]: "system"}
+    turns = row.get(spec.col("messages"))
+    if not isinstance(turns, list):
+        raise RowError(f"column {spec.col('messages')!r} must be a list of messages")
+    msgs: list[Message] = []
+    system = _text(row, spec.col("system"), required=False)
+    if system:
+        msgs.append(Message("system", system))
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise RowError(f"message {i} is {type(turn).__name__}, expected an object")
+        tag = turn.get(tags["role_tag"])
+        if tag not in role_map:
+            raise RowError(f"message {i}: role {tag!r} is not one of {sorted(role_map)}")
+        content = turn.get(tags["content_tag"])
+        if not isinstance(content, str):
+            raise RowError(f"message {i}: {tags['content_tag']!r} is not text")
+        msgs.append(Message(role_map[tag], content))  # type: ignore[arg-type]
+    tools = row.get(spec.col("tools"))
+    return Conversation(msgs, tools=_parse_tools(tools))
+
+
+def convert_openai(row: dict[str, Any], spec: FormatSpec) -> Conversation:
+    turns = row.get(spec.columns.get("messages", "messages"))
+    if not isinstance(turns, list):
+        raise RowError("column 'messages' must be a list of {role, content} objects")
+    msgs: list[Message] = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict) or "role" not in turn:
+            raise RowError(f"message {i} has no 'role'")
+        content = turn.get("content")
+        if content is None and turn.get("tool_calls"):
+            content = ""
+        if not isinstance(content, str):
+            raise RowError(f"message {i}: content is {type(content).__name__}, expected text")
+        msgs.append(Message(turn["role"], content, turn.get("tool_calls")))
+    return Conversation(msgs, tools=_parse_tools(row.get("tools")))
+
+
+def _parse_tools(tools: Any) -> list[dict[str, Any]] | None:
+    if tools in (None, "", []):
+        return None
+    if isinstance(tools, str):
+        import json
+
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as exc:
+            raise RowError(f"tools is not valid JSON: {exc.msg}") from None
+    if not isinstance(tools, list):
+        raise RowError("tools must be a list of tool schemas")
+    return tools
+
+
+CONVERTERS: dict[str, Callable[[dict[str, Any], FormatSpec], Conversation]] = {
+    "alpaca": convert_alpaca,
+    "sharegpt": convert_sharegpt,
+    "openai": convert_openai,
+}

@@ -1,0 +1,1 @@
+"""Fused and chunked operations, each with a plain reference twin and a parity test."""

@@ -1,0 +1,1 @@
+"""Model resolution, provisioning (GGUF -> cached safetensors) and loading."""

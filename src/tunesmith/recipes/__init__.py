@@ -1,0 +1,1 @@
+"""Recipes: composition only, readable top to bottom."""

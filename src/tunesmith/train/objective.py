@@ -1,0 +1,43 @@
+"""Training objectives: small objects the loop calls; each returns a *sum* of token losses.
+
+The loop divides by the number of target tokens of the whole optimizer step, so gradient
+accumulation over micro-batches equals one large batch.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from tunesmith.data.batching import Batch
+from tunesmith.kernels.linear_ce import (
+    chunked_linear_cross_entropy,
+    linear_cross_entropy_reference,
+)
+from tunesmith.models.loader import split_causal_lm
+
+
+class Objective(Protocol):
+    def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor: ...
+
+
+class NextTokenObjective:
+    """Cross-entropy on the trained next tokens (SFT: assistant tokens; pt: all tokens),
+    computed from hidden states so the full logits are never materialised."""
+
+    def __init__(self, loss_impl: str = "chunked", chunk_size: int = 1024):
+        self.loss_impl, self.chunk_size = loss_impl, chunk_size
+
+    def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        trunk, head = split_causal_lm(model)
+        out = trunk(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                    use_cache=False)
+        hidden = out.last_hidden_state  # [B, T, H]
+        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index)  # [K, H]
+        if getattr(head, "bias", None) is not None:  # rare; the plain path handles the bias
+            logits = head(rows).float()
+            return torch.nn.functional.cross_entropy(logits, batch.target_ids, reduction="sum")
+        if self.loss_impl == "reference":
+            return linear_cross_entropy_reference(rows, head.weight, batch.target_ids)
+        return chunked_linear_cross_entropy(rows, head.weight, batch.target_ids, self.chunk_size)
