@@ -28,7 +28,9 @@ def trunk_inputs(batch: Batch) -> dict:
     boundaries that varlen attention reads (transformers forwards them to it)."""
     cu = getattr(batch, "cu_seqlens", None)
     if cu is None:
-        return {"attention_mask": batch.attention_mask}
+        # no padding at all: no mask, so attention takes its plain causal path
+        dense = batch.n_tokens == batch.input_ids.numel()
+        return {"attention_mask": None if dense else batch.attention_mask}
     return {"position_ids": batch.position_ids, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
             "max_length_q": batch.max_seqlen, "max_length_k": batch.max_seqlen}
 
