@@ -85,8 +85,8 @@ def write_table(out: Path, command: str) -> Path:
              "LoRA (frozen base) 4·N·s, full 6·N·s, plus causal attention 6·L·d·s² "
              "(N: parameters in matrix multiplies incl. the output head; recompute not credited)",
              "", "| workload | system | checkpointing | compile | packed | liger | trained tok/s "
-             "| MFU | peak alloc GB | peak reserved GB | padding | loss | note |",
-             "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "| MFU | peak alloc GB | peak reserved GB | padding | first loss | final loss | note |",
+             "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
     for r in rows:
         c = r["case"]
         note = r["error"] or (f"seq {c['seq_len']}" if c["workload"] == "long" else "")
@@ -94,7 +94,8 @@ def write_table(out: Path, command: str) -> Path:
             f"| {c['workload']} | {c['system']} | {c['checkpointing']} | {int(c['compile'])} | "
             f"{int(c['packed'])} | {int(c['liger'])} | {r['tokens_per_s']:,.0f} | "
             f"{r['mfu']:.1%} | {r['peak_alloc_gb']:.1f} | {r['peak_reserved_gb']:.1f} | "
-            f"{r['padding_share']:.0%} | {r['final_loss']:.4f} | {note} |")
+            f"{r['padding_share']:.0%} | {r.get('first_loss', float('nan')):.4f} | "
+            f"{r['final_loss']:.4f} | {note} |")
     (out / "gpu_train.json").write_text(json.dumps({"command": command, "environment": env,
                                                     "results": rows}, indent=1))
     path = out / "gpu_train.md"

@@ -45,7 +45,7 @@ def tunesmith_system(base: torch.nn.Module, *, lora: bool, checkpointing: str, c
     workdir.mkdir(parents=True, exist_ok=True)
     dummy = [EncodedSample(torch.zeros(2, dtype=torch.int32).numpy(),
                            torch.zeros(2, dtype=torch.int32).numpy())]
-    trainer = Trainer(model, NextTokenObjective("chunked", 2048), dummy, [], cfg.training,
+    trainer = Trainer(model, NextTokenObjective("chunked", cfg.training.loss_chunk_size), dummy, [], cfg.training,
                       pad_id=0, device=next(base.parameters()).device, output_dir=workdir,
                       metrics=MetricsLog(workdir / "metrics.jsonl"))
 
@@ -95,7 +95,10 @@ def peer_system(base: torch.nn.Module, *, lora: bool, checkpointing: bool, liger
     cuda = params[0].is_cuda
     opt = torch.optim.AdamW(params, lr=lr, fused=cuda or None)
 
+    device = params[0].device
+
     def step(batch: Batch) -> float:
+        batch = batch.to(device)
         labels = batch.input_ids.masked_fill(batch.attention_mask == 0, -100)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda):
             out = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,

@@ -59,6 +59,7 @@ class Result:
     peak_alloc_gb: float = 0.0
     peak_reserved_gb: float = 0.0
     final_loss: float = float("nan")
+    first_loss: float = float("nan")  # loss of the very first step: a pure forward check
     padding_share: float = 0.0
     steps: int = 0
     error: str = ""
@@ -72,8 +73,10 @@ def _sync() -> None:
 
 def _timed(system, batches, warmup: int, steps: int, flop_model: FlopModel) -> Result:
     _sync()
+    first = None
     for i in range(warmup):
-        system.step(batches[i % len(batches)])
+        loss = system.step(batches[i % len(batches)])
+        first = loss if first is None else first
     _sync()
     timed = [batches[(warmup + i) % len(batches)] for i in range(steps)]
     start = time.perf_counter()
@@ -87,6 +90,7 @@ def _timed(system, batches, warmup: int, steps: int, flop_model: FlopModel) -> R
     flops = sum(flop_model.sequence_flops(n) for b in timed for n in b.lengths())
     return Result(case=None, tokens_per_s=tokens / elapsed, mfu=flops / elapsed / PEAK_FLOPS,
                   step_s=elapsed / steps, final_loss=float(loss), steps=steps,
+                  first_loss=float(first) if first is not None else float("nan"),
                   padding_share=1 - tokens / slots)
 
 

@@ -74,17 +74,22 @@ def padded_batches(samples: list[EncodedSample], batch_size: int, pad_id: int) -
 
 
 def packed_batches(samples: list[EncodedSample], row_tokens: int, pad_id: int) -> list[Batch]:
-    """Padding-free micro-batches of one row of `row_tokens` tokens each, filled first-fit
-    in sample order (the order the peers see), each sample keeping its own positions."""
-    rows: list[list[EncodedSample]] = [[]]
-    used = 0
-    for s in samples:
-        if used + len(s) > row_tokens:
-            rows.append([])
-            used = 0
-        rows[-1].append(s)
-        used += len(s)
-    return [pack_row(r, row_tokens, pad_id) for r in rows if r][:-1]  # last row is partial
+    """Padding-free micro-batches of one row of `row_tokens` tokens each: best-fit decreasing
+    over the sample pool, each sample keeping its own positions; the last, least full row
+    is left out so every timed row is a full one."""
+    rows: list[list[EncodedSample]] = []
+    free: list[int] = []
+    for s in sorted(samples, key=len, reverse=True):
+        fits = [i for i, f in enumerate(free) if f >= len(s)]
+        if fits:
+            best = min(fits, key=lambda i: free[i])
+            rows[best].append(s)
+            free[best] -= len(s)
+        else:
+            rows.append([s])
+            free.append(row_tokens - len(s))
+    order = sorted(range(len(rows)), key=lambda i: free[i])
+    return [pack_row(rows[i], row_tokens, pad_id) for i in order[:-1]]
 
 
 def pack_row(samples: list[EncodedSample], row_tokens: int, pad_id: int) -> Batch:
