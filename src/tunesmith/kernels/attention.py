@@ -30,7 +30,9 @@ def register_varlen_attention() -> str:
     """
     from transformers import AttentionInterface
 
-    AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
+    # Kept out of torch.compile graphs: segment counts and lengths change every batch, and
+    # tracing them would recompile the decoder layers again and again.
+    AttentionInterface.register(VARLEN_ATTENTION, torch.compiler.disable(varlen_attention_forward))
     return VARLEN_ATTENTION
 
 
