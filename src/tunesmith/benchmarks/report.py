@@ -72,11 +72,13 @@ def load_results(out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def write_table(out: Path, command: str) -> Path:
+def write_table(out: Path, command: str, env: dict[str, Any] | None = None) -> Path:
+    """Table of every group's results; `env` describes the machine that measured them
+    (default: this one)."""
     from tunesmith.benchmarks.systems import describe_environment
 
     rows = load_results(out)
-    env = describe_environment()
+    env = env or describe_environment()
     lines = ["# GPU training benchmark\n", f"- command: `{command}`",
              f"- machine: {env.get('gpu', 'no GPU')} x{env.get('gpu_count', 0)}; torch "
              f"{env['torch']}, transformers {env['transformers']}, peft {env.get('peft')}, "
