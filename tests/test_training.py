@@ -204,3 +204,49 @@ def test_freeze_trains_only_last_layers(tmp_path, tiny_llama_dir, alpaca_file):
             assert not torch.equal(p0, p1), name
         else:
             assert torch.equal(p0, p1), name
+
+
+def _fake_oom_above(trainer, max_rows: int) -> list[int]:
+    """Make the objective run out of memory for micro-batches of more than `max_rows`."""
+    real = trainer.objective.loss_sum
+    seen: list[int] = []
+
+    def limited(model, batch):
+        seen.append(batch.input_ids.shape[0])
+        if batch.input_ids.shape[0] > max_rows:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model, batch)
+
+    trainer.objective.loss_sum = limited
+    return seen
+
+
+def test_auto_batch_size_backs_off_without_changing_results(tmp_path, tiny_llama_dir,
+                                                             tiny_tokenizer):
+    samples = _samples(tiny_tokenizer, 8)
+    common = dict(max_steps=2, per_device_train_batch_size=2, gradient_accumulation_steps=4)
+    auto, model_auto = _trainer(tmp_path / "auto", tiny_llama_dir, samples, auto_batch_size=True,
+                                **common)
+    plain, model_plain = _trainer(tmp_path / "plain", tiny_llama_dir, samples, **common)
+    seen = _fake_oom_above(auto, 2)
+    auto.run()
+    plain.run()
+    assert seen[:3] == [8, 4, 2]  # whole step, then halved twice, then it fits
+    assert auto.sizer.size == 2
+    for (name, a), (_, b) in zip(model_auto.named_parameters(), model_plain.named_parameters(),
+                                 strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6, msg=name)
+
+
+def test_out_of_memory_without_auto_names_the_settings(tmp_path, tiny_llama_dir,
+                                                       tiny_tokenizer):
+    samples = _samples(tiny_tokenizer, 8)
+    trainer, _ = _trainer(tmp_path, tiny_llama_dir, samples, max_steps=2,
+                          per_device_train_batch_size=4)
+    _fake_oom_above(trainer, 2)
+    with pytest.raises(TrainingError) as err:
+        trainer.run()
+    text = str(err.value)
+    assert "out of memory on cpu in a micro-batch of 4 sample(s)" in text
+    for hint in ("gradient_checkpointing: true", "auto_batch_size: true", "cutoff_len"):
+        assert hint in text

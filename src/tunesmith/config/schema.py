@@ -106,6 +106,12 @@ class TrainingConfig:
     per_device_train_batch_size: int = opt(1, "Samples per micro-batch.", minimum=1)
     per_device_eval_batch_size: int = opt(1, "Samples per evaluation batch.", minimum=1)
     gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step.", minimum=1)
+    auto_batch_size: bool = opt(
+        False, "Run each optimizer step in the largest micro-batches that fit: start with the "
+        "whole step and halve on out-of-memory, without losing the run or changing results.")
+    memory_threshold: float = opt(
+        0.9, "auto_batch_size: also halve when the peak passes this share of GPU memory.",
+        minimum=0, maximum=1, exclusive_min=True, advanced=True)
     learning_rate: float = opt(5e-5, "Peak learning rate.", minimum=0, exclusive_min=True)
     num_train_epochs: float = opt(3.0, "Epochs (may be fractional).", minimum=0,
                                   exclusive_min=True)

@@ -32,6 +32,7 @@ from tunesmith.train.checkpoint import (
     rotate_checkpoints,
     save_checkpoint,
 )
+from tunesmith.train.memory import MicroBatchSizer, out_of_memory_message
 from tunesmith.train.metrics import MetricsLog
 from tunesmith.train.objective import Objective
 from tunesmith.train.optim import build_optimizer, build_scheduler
@@ -83,6 +84,8 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.state = LoopState()
         self.throughput = Throughput(device, flops_per_token)
+        self.sizer = (MicroBatchSizer(self.bs * self.accum, cfg.memory_threshold, device)
+                      if cfg.auto_batch_size else None)
 
     # ----- data position -------------------------------------------------------------
     def _step_batches(self) -> list[list[int]]:
@@ -197,11 +200,7 @@ class Trainer:
         eval_loss = None
         window_losses: list[float] = []
         while s.step < self.total_steps:
-            t0 = time.perf_counter()
-            micro = [collate([self.train[i] for i in idx], self.pad_id)
-                     for idx in self._step_batches()]
-            self.throughput.add_data_wait(time.perf_counter() - t0)
-            loss, norm = self.train_step(micro)
+            micro, (loss, norm) = self._run_step(self._step_batches())
             s.step += 1
             s.tokens_seen += sum(b.n_tokens for b in micro)
             s.trained_tokens_seen += sum(b.n_targets for b in micro)
@@ -222,6 +221,33 @@ class Trainer:
         if self.val and cfg.eval_strategy != "no":
             eval_loss = self._log_eval()
         return LoopResult(s, self.total_steps, eval_loss, self.throughput.summary(s.elapsed))
+
+    def _collate_step(self, groups: list[list[int]]) -> list[Batch]:
+        t0 = time.perf_counter()
+        micro = [collate([self.train[i] for i in idx], self.pad_id) for idx in groups]
+        self.throughput.add_data_wait(time.perf_counter() - t0)
+        return micro
+
+    def _run_step(self, groups: list[list[int]]) -> tuple[list[Batch], tuple[float, float]]:
+        """Train one optimizer step; with auto_batch_size, re-split it smaller on OOM."""
+        indices = [i for g in groups for i in g]
+        while True:
+            micro = self._collate_step(self.sizer.split(indices) if self.sizer else groups)
+            try:
+                result = self.train_step(micro)
+            except torch.OutOfMemoryError:
+                self.optimizer.zero_grad(set_to_none=True)
+                del micro
+                if self.device.type == "cuda":
+                    torch.cuda.empty_cache()
+                if self.sizer is not None and self.sizer.back_off("out of memory"):
+                    continue
+                raise TrainingError(out_of_memory_message(
+                    self.cfg, self.device, max(len(g) for g in groups),
+                    max(len(self.train[i]) for i in indices))) from None
+            if self.sizer is not None:
+                self.sizer.check_peak()
+            return micro, result
 
     def _log(self, losses: list[float], norm: float, bar: tqdm) -> None:
         s = self.state
