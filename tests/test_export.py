@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
-from tiny import CHATML, build_tokenizer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from tiny import CHATML, build_tokenizer
 from tunesmith.cli.main import main
 from tunesmith.config import load_config
 from tunesmith.errors import ConfigError, ExportError, ModelError
@@ -255,3 +255,41 @@ def test_cli_export_and_examples_validate(tiny_llama_dir, tmp_path):
                          "export_format: gguf\ngguf_type: q8_0\n")
     assert main(["export", str(yaml_path)]) == 0
     assert (tmp_path / "cli" / f"{tiny_llama_dir.name}-q8_0.gguf").is_file()
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen3"])
+def test_gguf_of_mistral_and_qwen3(arch, tmp_path):
+    """Mistral is written as llama-arch (permuted Q/K); Qwen3 with its q/k norms, tied
+    embeddings and an explicit head_dim (128 as in the real models: transformers' GGUF loader
+    takes Qwen3's head_dim from its config default, not from attention.key_length)."""
+    from gguf import GGUFReader
+    from transformers import MistralConfig, Qwen3Config
+
+    tok = build_tokenizer()
+    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, bos_token_id=tok.bos_token_id,
+                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = (MistralConfig(**common, sliding_window=None) if arch == "mistral" else
+              Qwen3Config(**common, head_dim=128, tie_word_embeddings=True))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # norms start at 1; make them matter
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    base = tmp_path / arch
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    out = export(tmp_path, base, [], export_format="gguf", gguf_type="f16")
+    gguf_name = f"{arch}-f16.gguf"
+    fields = GGUFReader(out / gguf_name).fields
+    assert bytes(fields["general.architecture"].parts[-1]).decode() == (
+        "llama" if arch == "mistral" else "qwen3")
+    loaded = AutoModelForCausalLM.from_pretrained(out, gguf_file=gguf_name, dtype=torch.float32)
+    error = relative_error(logits_of(loaded), logits_of(model))
+    print(f"\n{arch} f16: relative logits error {error:.2e}")
+    assert error < GGUF_TOLERANCE["f16"]
+    if arch == "qwen3":
+        assert int(fields["qwen3.attention.key_length"].parts[-1][0]) == 128
+        assert "output.weight" not in {t.name for t in GGUFReader(out / gguf_name).tensors}

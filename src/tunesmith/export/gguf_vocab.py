@@ -43,7 +43,8 @@ class GGUFVocab:
 
 
 def _candidates() -> dict[str, Any]:
-    from tokenizers import Regex, pre_tokenizers as pt
+    from tokenizers import Regex
+    from tokenizers import pre_tokenizers as pt
 
     def split_then_bytes(regex: str) -> Any:
         return pt.Sequence([pt.Split(Regex(regex), behavior="isolated"),

@@ -96,7 +96,7 @@ def _default_system(fam: ChatFamily, plain: str, system: str) -> str | None:
 
 
 def render_modelfile(merged: MergedModel, gguf_name: str) -> str:
-    lines = [f"# Ollama Modelfile written by tunesmith: ollama create NAME -f Modelfile",
+    lines = ["# Ollama Modelfile written by tunesmith: ollama create NAME -f Modelfile",
              f"FROM ./{gguf_name}"]
     found = match_family(merged.tokenizer, merged.template_source)
     stops: list[str] = []
