@@ -293,3 +293,35 @@ def test_gguf_of_mistral_and_qwen3(arch, tmp_path):
     if arch == "qwen3":
         assert int(fields["qwen3.attention.key_length"].parts[-1][0]) == 128
         assert "output.weight" not in {t.name for t in GGUFReader(out / gguf_name).tensors}
+
+
+def test_llama3_rope_factors_match_transformers_frequencies(tmp_path):
+    """llama.cpp divides each rotary frequency by rope_freqs.weight; the result must be the
+    frequencies transformers computes for rope_type llama3 (Llama 3.1 / 3.2)."""
+    from gguf import GGUFReader
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from tunesmith.export.gguf_arch import llama3_rope_factors
+
+    tok = build_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128,
+                         num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                         head_dim=32, max_position_embeddings=4096,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0,
+                                          "factor": 32.0, "low_freq_factor": 1.0,
+                                          "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 256})
+    expected = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")[0].double()
+    plain = 500000.0 ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
+    factors = llama3_rope_factors(config)
+    assert len({round(f, 3) for f in factors.tolist()}) > 2  # kept, divided and smoothed bands
+    torch.testing.assert_close(plain / factors.double(), expected, rtol=1e-6, atol=0)
+    torch.manual_seed(0)
+    base = tmp_path / "llama31"
+    AutoModelForCausalLM.from_config(config).save_pretrained(base)
+    tok.save_pretrained(base)
+    out = export(tmp_path, base, [], export_format="gguf")
+    tensors = {t.name: t for t in GGUFReader(out / "llama31-f16.gguf").tensors}
+    torch.testing.assert_close(torch.from_numpy(tensors["rope_freqs.weight"].data.copy()),
+                               factors)

@@ -15,6 +15,7 @@ Qwen2/Qwen3 run in llama.cpp with the "neox" (rotate-half) layout, so they need 
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -71,13 +72,16 @@ def arch_spec(config: Any) -> ArchSpec:
             f"GGUF export does not support model_type {model_type!r}; supported: "
             f"{', '.join(SUPPORTED_ARCHS)} (Llama, SmolLM, Mistral, Qwen2, Qwen2.5, Qwen3). "
             "Use export_format: hf and convert with llama.cpp's convert_hf_to_gguf.py")
-    rope_type = rope_parameters(config).get("rope_type", "default")
-    if rope_type not in (None, "default"):
+    spec = SUPPORTED_ARCHS[model_type]
+    rope_type = rope_parameters(config).get("rope_type") or "default"
+    allowed = ("default", "linear", "llama3") if spec.gguf_arch == "llama" else (
+        "default", "linear")
+    if rope_type not in allowed:
         raise ExportError(
-            f"GGUF export: rotary scaling {rope_type!r} of this model is not written by "
-            "tunesmith's converter yet (only unscaled RoPE); use export_format: hf and "
-            "llama.cpp's convert_hf_to_gguf.py")
-    return SUPPORTED_ARCHS[model_type]
+            f"GGUF export: rotary scaling {rope_type!r} of this {model_type} model is not "
+            f"written by tunesmith's converter yet (supported here: {', '.join(allowed)}); use "
+            "export_format: hf and llama.cpp's convert_hf_to_gguf.py")
+    return spec
 
 
 def rope_parameters(config: Any) -> dict[str, Any]:
@@ -90,6 +94,23 @@ def rope_parameters(config: Any) -> dict[str, Any]:
     if "rope_theta" not in params:
         params["rope_theta"] = getattr(config, "rope_theta", 10000.0)
     return params
+
+
+def llama3_rope_factors(config: Any) -> torch.Tensor:
+    """Llama 3.1-style RoPE scaling as llama.cpp stores it: one divisor per rotary frequency
+    (tensor `rope_freqs.weight`, [head_dim / 2]). Long wavelengths are divided by `factor`,
+    short ones kept, the band between interpolated smoothly."""
+    p = rope_parameters(config)
+    dim = head_dim(config)
+    freqs = float(p["rope_theta"]) ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    factor = float(p["factor"])
+    low, high = float(p.get("low_freq_factor", 1.0)), float(p.get("high_freq_factor", 4.0))
+    old_context = float(p.get("original_max_position_embeddings", 8192))
+    wavelen = 2 * math.pi / freqs
+    smooth = (old_context / wavelen - low) / (high - low)
+    between = 1.0 / ((1 - smooth) / factor + smooth)
+    factors = torch.where(wavelen > old_context / low, torch.full_like(freqs, factor), between)
+    return torch.where(wavelen < old_context / high, torch.ones_like(freqs), factors).float()
 
 
 def head_dim(config: Any) -> int:

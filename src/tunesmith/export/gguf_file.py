@@ -20,6 +20,7 @@ from tunesmith.export.gguf_arch import (
     arch_spec,
     gguf_tensor_name,
     head_dim,
+    llama3_rope_factors,
     prepare_tensor,
     rope_parameters,
 )
@@ -80,7 +81,13 @@ def add_hyperparameters(writer: Any, config: Any, spec: ArchSpec, name: str,
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(getattr(config, "num_key_value_heads", None)
                              or config.num_attention_heads)
-    writer.add_rope_freq_base(float(rope_parameters(config)["rope_theta"]))
+    rope = rope_parameters(config)
+    writer.add_rope_freq_base(float(rope["rope_theta"]))
+    if rope.get("rope_type") == "linear":
+        from gguf import RopeScalingType
+
+        writer.add_rope_scaling_type(RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(rope["factor"]))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(config.vocab_size)
     dim = head_dim(config)
@@ -120,6 +127,8 @@ def add_tensors(writer: Any, model: torch.nn.Module, spec: ArchSpec, gguf_type: 
             writer.add_tensor(name, data)
         else:
             writer.add_tensor(name, data, raw_dtype=raw_type)
+    if rope_parameters(config).get("rope_type") == "llama3":
+        writer.add_tensor("rope_freqs.weight", llama3_rope_factors(config).numpy())
 
 
 def write_gguf(merged: MergedModel, folder: Path, gguf_type: str) -> Path:
