@@ -325,3 +325,49 @@ def test_llama3_rope_factors_match_transformers_frequencies(tmp_path):
     tensors = {t.name: t for t in GGUFReader(out / "llama31-f16.gguf").tensors}
     torch.testing.assert_close(torch.from_numpy(tensors["rope_freqs.weight"].data.copy()),
                                factors)
+
+
+def test_each_known_pre_tokenizer_is_told_apart_by_the_probe():
+    from tokenizers import Tokenizer, models
+
+    from tunesmith.export.gguf_vocab import _candidates, detect_pre_tokenizer
+
+    for name, pre in _candidates().items():
+        backend = Tokenizer(models.BPE())
+        backend.pre_tokenizer = pre
+        assert detect_pre_tokenizer(backend) == name
+
+
+def test_sentencepiece_style_tokenizer_is_refused_for_gguf():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tunesmith.export.gguf_vocab import build_vocab
+
+    backend = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Metaspace()
+    backend.decoder = decoders.Metaspace()
+    backend.train_from_iterator(["hello world"] * 4, trainers.BpeTrainer(
+        vocab_size=40, special_tokens=["<unk>"], show_progress=False))
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+    with pytest.raises(ExportError, match="byte-level BPE"):
+        build_vocab(tok, 64)
+
+
+def test_export_of_a_real_training_run(tiny_qwen2_dir, alpaca_file, tmp_path):
+    """`tunesmith train` output goes straight into `tunesmith export`: the card carries the
+    run's dataset and figures, and the merged folder answers as base + trained adapter."""
+    from tunesmith.recipes.sft import run_sft
+
+    run = tmp_path / "run"
+    summary = run_sft(load_config(overrides={
+        "model_name_or_path": str(tiny_qwen2_dir), "dataset": str(alpaca_file),
+        "output_dir": str(run), "max_steps": 2, "per_device_train_batch_size": 4,
+        "learning_rate": 1e-2, "lora_rank": 4, "save_steps": 0}))
+    out = export(tmp_path, tiny_qwen2_dir, [str(run)])
+    card = (out / "README.md").read_text()
+    assert str(alpaca_file) in card and f"{summary['final_loss']:.4f}" in card
+    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir),
+                                          run)
+    merged = AutoModelForCausalLM.from_pretrained(out, local_files_only=True)
+    torch.testing.assert_close(logits_of(merged), logits_of(reference), rtol=0, atol=1e-5)
