@@ -67,7 +67,7 @@ def write_weights(tensors: dict[str, torch.Tensor], folder: Path, shard_gb: floa
     with tqdm(total=sum(sizes.values()), desc="writing safetensors", unit="B",
               unit_scale=True) as bar:
         for file_name, members in zip(names, shards, strict=True):
-            part = {n: cast(tensors[n]).detach().to("cpu").contiguous().clone() for n in members}
+            part = {n: cast(tensors[n]).detach().to("cpu").contiguous() for n in members}
             save_file(part, str(folder / file_name), metadata={"format": "pt"})
             weight_map.update({n: file_name for n in members})
             bar.update(sum(sizes[n] for n in members))
