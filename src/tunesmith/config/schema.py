@@ -99,7 +99,8 @@ class FinetuningConfig:
 @dataclass
 class TrainingConfig:
     output_dir: str = opt("", "Where the tuned adapter/model, checkpoints and metrics go.")
-    overwrite_output_dir: bool = opt(False, "Allow writing into a non-empty output_dir.")
+    overwrite_output_dir: bool = opt(False, "Allow writing into a non-empty output_dir (and, "
+                                            "for export, replacing a non-empty export_dir).")
     per_device_train_batch_size: int = opt(1, "Samples per micro-batch.", minimum=1)
     per_device_eval_batch_size: int = opt(1, "Samples per evaluation batch.", minimum=1)
     gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step.", minimum=1)
