@@ -27,3 +27,7 @@ class ModelError(TunesmithError):
 
 class TrainingError(TunesmithError):
     """Training had to stop (non-finite losses, out of memory, ...)."""
+
+
+class ExportError(TunesmithError):
+    """A model could not be exported (unsupported architecture, tokenizer or base)."""

@@ -13,6 +13,7 @@ commands:
   train CONFIG.yaml [key=value ...] [--key value ...]   fine-tune a model
   chat  [--model_name_or_path M] [--adapter_name_or_path A] [--template T] [--prompt TEXT]
   env                                                    versions and devices, for bug reports
+  export CONFIG.yaml [key=value ...]                     merge adapters; write an HF folder or GGUF
 """
 
 
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
-    commands = {"train": cmd_train, "chat": cmd_chat, "env": cmd_env}
+    commands = {"train": cmd_train, "chat": cmd_chat, "env": cmd_env, "export": cmd_export}
     if command not in commands:
         print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
@@ -119,6 +120,24 @@ def _answer(engine, messages, params) -> str:
         pieces.append(piece)
     print()
     return "".join(pieces)
+
+
+def cmd_export(args: list[str]) -> int:
+    from tunesmith.cli.setup import setup_process
+    from tunesmith.config.loader import load_config, parse_cli_args
+
+    if args and args[0] in ("-h", "--help"):
+        from tunesmith.cli.help import config_help
+
+        print(config_help())
+        return 0
+    path, overrides = parse_cli_args(args)
+    cfg = load_config(path, overrides)
+    setup_process(cfg.training.seed)
+    from tunesmith.recipes.export import run_export
+
+    run_export(cfg)
+    return 0
 
 
 def cmd_env(args: list[str]) -> int:

@@ -18,6 +18,9 @@ ReportTo = Literal["none", "tensorboard", "wandb"]
 TruncationPolicy = Literal["truncate_prompt", "drop", "error"]
 BadRowPolicy = Literal["error", "skip"]
 CheckpointingMode = Literal["false", "true", "selective", "offload"]
+ExportFormat = Literal["hf", "gguf"]
+GGUFType = Literal["f16", "bf16", "q8_0"]
+ExportDevice = Literal["cpu", "auto"]
 
 
 def opt(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
@@ -102,7 +105,8 @@ class FinetuningConfig:
 @dataclass
 class TrainingConfig:
     output_dir: str = opt("", "Where the tuned adapter/model, checkpoints and metrics go.")
-    overwrite_output_dir: bool = opt(False, "Allow writing into a non-empty output_dir.")
+    overwrite_output_dir: bool = opt(False, "Allow writing into a non-empty output_dir (and, "
+                                            "for export, replacing a non-empty export_dir).")
     per_device_train_batch_size: int = opt(1, "Samples per micro-batch.", minimum=1)
     per_device_eval_batch_size: int = opt(1, "Samples per evaluation batch.", minimum=1)
     gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step.", minimum=1)
@@ -166,11 +170,29 @@ class TrainingConfig:
 
 
 @dataclass
+class ExportConfig:
+    export_dir: str = opt("", "`tunesmith export`: folder for the merged model (HF) or the GGUF "
+                              "file and its Ollama Modelfile.")
+    export_format: ExportFormat = opt(
+        "hf", "hf: a Hugging Face safetensors folder; gguf: one GGUF file for llama.cpp/Ollama.")
+    gguf_type: GGUFType = opt("f16", "GGUF weight type: f16, bf16 or q8_0 (8-bit, about half "
+                                     "the size of f16).")
+    export_size: float = opt(5.0, "Largest safetensors shard, in GB (HF export).", minimum=0,
+                             exclusive_min=True)
+    export_device: ExportDevice = opt(
+        "cpu", "Where adapters are merged: cpu, or auto (a CUDA GPU when one is visible).")
+    export_legacy_format: bool = opt(
+        False, "LLaMA-Factory key; must stay false: tunesmith writes safetensors only, never "
+        "pickle (.bin) weights.", advanced=True)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     finetuning: FinetuningConfig = field(default_factory=FinetuningConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -180,7 +202,7 @@ class Config:
         return flat
 
 
-SECTIONS = ("model", "data", "finetuning", "training")
+SECTIONS = ("model", "data", "finetuning", "training", "export")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:
