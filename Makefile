@@ -38,6 +38,9 @@ test: $(STAMP)
 test-gpu: $(STAMP)
 	$(PY) -m pytest -q -m gpu
 
+bench: $(STAMP)
+	$(PY) bench/gpu_train.py --out docs/benchmarks
+
 quality: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 	$(PY) tools/check_layers.py

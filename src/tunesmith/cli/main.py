@@ -14,6 +14,7 @@ commands:
   chat  [--model_name_or_path M] [--adapter_name_or_path A] [--template T] [--prompt TEXT]
   env                                                    versions and devices, for bug reports
   export CONFIG.yaml [key=value ...]                     merge adapters; write an HF folder or GGUF
+  bench [--groups main,full,liger] [--out DIR] [--tiny]  GPU training benchmark vs HF+PEFT/Liger
 """
 
 
@@ -23,7 +24,8 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
-    commands = {"train": cmd_train, "chat": cmd_chat, "env": cmd_env, "export": cmd_export}
+    commands = {"train": cmd_train, "chat": cmd_chat, "env": cmd_env, "export": cmd_export,
+                "bench": cmd_bench}
     if command not in commands:
         print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
@@ -138,6 +140,12 @@ def cmd_export(args: list[str]) -> int:
 
     run_export(cfg)
     return 0
+
+
+def cmd_bench(args: list[str]) -> int:
+    from tunesmith.benchmarks.report import run_all
+
+    return run_all(args)
 
 
 def cmd_env(args: list[str]) -> int:
