@@ -202,3 +202,37 @@ def test_dead_rank_stops_the_others_with_its_error(tmp_path):
     report = r.stderr.split("Root Cause")[-1]
     assert "rank      : 1" in report
     assert "injected failure on purpose" in report
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "deepspeed"
+
+
+@pytest.fixture(scope="module")
+def ds_runs(runs):
+    """DeepSpeed ZeRO-2/3 (and offload) on CPU with gloo, in one torchrun launch."""
+    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    root = runs["root"]
+
+    def ds(name: str, cfg: str, **kw) -> dict:
+        return _overrides(runs, root / name, 1, deepspeed=str(EXAMPLES / cfg), **kw)
+
+    specs = [ds("z2-lora", "ds_z2_config.json"),
+             ds("z3-full", "ds_z3_config.json", finetuning_type="full"),
+             ds("z3-freeze", "ds_z3_offload_config.json", finetuning_type="freeze"),
+             ds("z3-full-resumed", "ds_z3_config.json", finetuning_type="full",
+                resume_from_checkpoint=str(root / "z3-full" / "checkpoint-2"))]
+    (root / "ds-specs.json").write_text(json.dumps(specs))
+    r = _run(_torchrun(2, str(WORKER), str(root / "ds-specs.json")), _child_env(root),
+             timeout=240)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return runs
+
+
+@pytest.mark.parametrize("run,ft", [("z2-lora", "lora"), ("z3-full", "full"),
+                                    ("z3-freeze", "freeze"), ("z3-full-resumed", "full")])
+def test_deepspeed_zero_equals_one_process(ds_runs, run, ft):
+    root = ds_runs["root"]
+    name = ADAPTER if ft == "lora" else FULL
+    assert _max_diff(root / f"ref-{ft}" / name, root / run / name) < TOL
+    if run == "z3-full":
+        assert (root / run / "checkpoint-2" / "deepspeed").is_dir()
