@@ -29,6 +29,7 @@ from tunesmith.recipes.sft import run_sft
 WORKER = Path(__file__).with_name("dist_worker.py")
 SRC = Path(__file__).resolve().parents[1] / "src"
 TOL = 1e-5
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "deepspeed"
 ADAPTER, FULL = "adapter_model.safetensors", "model.safetensors"
 
 
@@ -73,9 +74,16 @@ def _losses(out: Path) -> list[float]:
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def _has_deepspeed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Make every run once: references in this process, the rest under torchrun."""
+    """Make every run once: references in this process, the rest in ONE torchrun launch of
+    2 processes that share a process group (each launch costs seconds of start-up)."""
     root = tmp_path_factory.mktemp("dist")
     env = {"model": save_tiny_model(root / "tiny", "llama"),
            "data": write_alpaca(root / "train.json", 24), "root": root}
@@ -85,29 +93,29 @@ def runs(tmp_path_factory):
         for ft in ("lora", "full", "freeze"):
             run_sft(load_config(overrides=_overrides(env, root / f"ref-{ft}", 2,
                                                      finetuning_type=ft)))
-    # (A) `tunesmith train` relaunches itself under torchrun: DDP + LoRA
-    t0 = time.monotonic()
-    args = [f"{k}={v}" for k, v in _overrides(env, root / "ddp-lora", 1).items()]
-    a = _run([sys.executable, "-m", "tunesmith", "train", *args],
-             _child_env(root, NPROC_PER_NODE="2"))
-    assert a.returncode == 0, a.stderr[-3000:]
-    env["cli_seconds"] = time.monotonic() - t0
-    # (B) one launch, many runs: FSDP2 and DDP under every finetuning type, and resumes
-    specs = [
-        _overrides(env, root / "fsdp-full", 1, finetuning_type="full", fsdp="full_shard"),
-        _overrides(env, root / "fsdp-lora", 1, fsdp="full_shard"),
-        _overrides(env, root / "fsdp-freeze", 1, finetuning_type="freeze",
-                   fsdp="shard_grad_op"),
-        _overrides(env, root / "ddp-full", 1, finetuning_type="full"),
-        _overrides(env, root / "ddp-freeze", 1, finetuning_type="freeze"),
-        _overrides(env, root / "ddp-lora-resumed", 1,
-                   resume_from_checkpoint=str(root / "ddp-lora" / "checkpoint-2")),
-        _overrides(env, root / "fsdp-full-resumed", 1, finetuning_type="full",
-                   fsdp="full_shard",
-                   resume_from_checkpoint=str(root / "fsdp-full" / "checkpoint-2")),
-    ]
+
+    def run(name: str, ft: str = "lora", **kw) -> dict:
+        return _overrides(env, root / name, 1, finetuning_type=ft, **kw)
+
+    def resumed(name: str, ft: str, **kw) -> dict:
+        return run(f"{name}-resumed", ft, resume_from_checkpoint=str(root / name /
+                                                                     "checkpoint-2"), **kw)
+
+    specs = [run("ddp-lora"), run("ddp-full", "full"), run("ddp-freeze", "freeze"),
+             run("fsdp-full", "full", fsdp="full_shard"), run("fsdp-lora", fsdp="full_shard"),
+             run("fsdp-freeze", "freeze", fsdp="shard_grad_op"),
+             resumed("ddp-lora", "lora"), resumed("fsdp-full", "full", fsdp="full_shard")]
+    if _has_deepspeed():
+        def ds(name: str, ft: str, cfg: str, **kw) -> dict:
+            return run(name, ft, deepspeed=str(EXAMPLES / cfg), **kw)
+
+        specs += [ds("z2-lora", "lora", "ds_z2_config.json"),
+                  ds("z3-full", "full", "ds_z3_config.json"),
+                  ds("z3-freeze", "freeze", "ds_z3_offload_config.json"),
+                  resumed("z3-full", "full", deepspeed=str(EXAMPLES / "ds_z3_config.json"))]
     (root / "specs.json").write_text(json.dumps(specs))
-    b = _run(_torchrun(2, str(WORKER), str(root / "specs.json")), _child_env(root))
+    b = _run(_torchrun(2, str(WORKER), str(root / "specs.json")), _child_env(root),
+             timeout=300)
     assert b.returncode == 0, b.stderr[-3000:]
     return env
 
@@ -204,34 +212,12 @@ def test_dead_rank_stops_the_others_with_its_error(tmp_path):
     assert "injected failure on purpose" in report
 
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "deepspeed"
-
-
-@pytest.fixture(scope="module")
-def ds_runs(runs):
-    """DeepSpeed ZeRO-2/3 (and offload) on CPU with gloo, in one torchrun launch."""
-    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
-    root = runs["root"]
-
-    def ds(name: str, cfg: str, **kw) -> dict:
-        return _overrides(runs, root / name, 1, deepspeed=str(EXAMPLES / cfg), **kw)
-
-    specs = [ds("z2-lora", "ds_z2_config.json"),
-             ds("z3-full", "ds_z3_config.json", finetuning_type="full"),
-             ds("z3-freeze", "ds_z3_offload_config.json", finetuning_type="freeze"),
-             ds("z3-full-resumed", "ds_z3_config.json", finetuning_type="full",
-                resume_from_checkpoint=str(root / "z3-full" / "checkpoint-2"))]
-    (root / "ds-specs.json").write_text(json.dumps(specs))
-    r = _run(_torchrun(2, str(WORKER), str(root / "ds-specs.json")), _child_env(root),
-             timeout=240)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return runs
-
-
 @pytest.mark.parametrize("run,ft", [("z2-lora", "lora"), ("z3-full", "full"),
                                     ("z3-freeze", "freeze"), ("z3-full-resumed", "full")])
-def test_deepspeed_zero_equals_one_process(ds_runs, run, ft):
-    root = ds_runs["root"]
+def test_deepspeed_zero_equals_one_process(runs, run, ft):
+    if not _has_deepspeed():
+        pytest.skip("the deepspeed extra is not installed")
+    root = runs["root"]
     name = ADAPTER if ft == "lora" else FULL
     assert _max_diff(root / f"ref-{ft}" / name, root / run / name) < TOL
     if run == "z3-full":

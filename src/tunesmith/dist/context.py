@@ -78,9 +78,15 @@ def all_reduce_sum(values: list[float], ctx: DistContext) -> list[float]:
     """Sum a few numbers over all ranks in one collective (float64 on the rank's device)."""
     if not ctx.distributed:
         return list(values)
+    return reduce_tensor(values, ctx).tolist()
+
+
+def reduce_tensor(values: list[float], ctx: DistContext) -> torch.Tensor:
+    """Like all_reduce_sum, but the sums stay on the device: no host synchronisation."""
     t = torch.tensor(values, dtype=torch.float64, device=ctx.device)
-    dist.all_reduce(t)
-    return t.tolist()
+    if ctx.distributed:
+        dist.all_reduce(t)
+    return t
 
 
 def broadcast_object(value: object, ctx: DistContext) -> object:

@@ -111,7 +111,10 @@ class Strategy:
             from torch.nn.parallel import DistributedDataParallel
 
             ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
-            self.loss_module = DistributedDataParallel(self.inner, device_ids=ids)
+            # buffers (rotary tables) are computed identically on every rank: no broadcast
+            self.loss_module = DistributedDataParallel(self.inner, device_ids=ids,
+                                                       broadcast_buffers=False,
+                                                       gradient_as_bucket_view=True)
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Engines that own the optimizer (DeepSpeed) take it here."""

@@ -33,6 +33,7 @@ from tunesmith.dist.context import (
     barrier,
     broadcast_object,
     gather_objects,
+    reduce_tensor,
 )
 from tunesmith.dist.sharding import Shard, shard_plan
 from tunesmith.dist.strategy import Strategy
@@ -129,8 +130,8 @@ class Trainer:
         target tokens, the same on every rank."""
         local_targets = sum(b.n_targets for b, ok in zip(micro, live, strict=True) if ok)
         local_tokens = sum(b.n_tokens for b, ok in zip(micro, live, strict=True) if ok)
-        n_global, _ = all_reduce_sum([local_targets, 0], self.ctx)  # before any backward
-        factor = self.world / max(n_global, 1.0)
+        n_global = reduce_tensor([local_targets], self.ctx)[0]  # before any backward
+        factor = (self.world / n_global.clamp(min=1.0)).float()  # stays on the device
         total = torch.zeros((), device=self.device)
         for i, (batch, ok) in enumerate(zip(micro, live, strict=True)):
             with self.strategy.micro_context(last=i == len(micro) - 1):
