@@ -14,37 +14,42 @@ from tunesmith.data.batching import epoch_batches
 from tunesmith.dist.context import DistContext, pick_backend
 from tunesmith.dist.handoff import _wait_for, prepare_on_main
 from tunesmith.dist.launch import processes_to_launch, torchrun_command
-from tunesmith.dist.sharding import shard_batch, shard_plan
+from tunesmith.dist.sharding import shard_step, steps_in_plan
 from tunesmith.dist.strategy import fsdp_settings, strategy_name
 from tunesmith.errors import ConfigError, TrainingError
 
 
-@pytest.mark.parametrize("n,bs,world", [(24, 1, 2), (23, 2, 2), (7, 3, 4), (5, 1, 8),
-                                        (100, 4, 3)])
-def test_shards_are_disjoint_and_cover_every_sample(n, bs, world):
+@pytest.mark.parametrize("n,bs,world,accum", [(24, 1, 2, 1), (23, 2, 2, 1), (7, 3, 4, 2),
+                                              (5, 1, 8, 1), (100, 4, 3, 3)])
+def test_shards_are_disjoint_and_cover_every_sample(n, bs, world, accum):
     for epoch in range(2):
-        plan = epoch_batches(n, bs * world, epoch, seed=7)
-        per_rank = [shard_plan(plan, r, world, bs) for r in range(world)]
-        live = [i for shards in per_rank for s in shards if s.live for i in s.indices]
-        assert sorted(live) == list(range(n))  # complete, and no sample twice
-        # every rank runs the same number of micro-batches (collectives stay matched)
-        assert {len(s) for s in per_rank} == {len(plan)}
-        for shards in per_rank:
-            assert all(len(s.indices) <= bs and s.indices for s in shards)
+        plan = epoch_batches(n, bs, epoch, seed=7)
+        steps = [plan[i:i + accum * world] for i in range(0, len(plan), accum * world)]
+        assert len(steps) == steps_in_plan(len(plan), accum, world)
+        seen = []
+        for entries in steps:
+            per_rank = [shard_step(entries, r, world) for r in range(world)]
+            seen += [i for shards in per_rank for s in shards if s.live for i in s.indices]
+            # every rank runs the same number of micro-batches (collectives stay matched)
+            assert len({len(shards) for shards in per_rank}) == 1
+        assert sorted(seen) == list(range(n))  # complete, and no sample twice
 
 
-def test_two_ranks_of_one_see_what_one_rank_of_two_sees():
-    plan = epoch_batches(10, 2, 0, seed=1)  # global micro-batch 2
-    one = [s.indices for s in shard_plan(plan, 0, 1, 2)]
-    two = [shard_batch(b, 0, 2, 1).indices + shard_batch(b, 1, 2, 1).indices for b in plan]
-    assert one == two == plan
+def test_two_ranks_of_micro_batch_1_see_one_rank_of_micro_batch_2():
+    one = epoch_batches(10, 2, 0, seed=1)
+    halves = epoch_batches(10, 1, 0, seed=1)
+    two = [shard_step(halves[i:i + 2], 0, 2)[0].indices + shard_step(halves[i:i + 2], 1, 2)[0]
+           .indices for i in range(0, 10, 2)]
+    assert two == one
 
 
-def test_an_empty_slice_becomes_a_weight_zero_filler():
-    s = shard_batch([5], rank=1, world=2, micro_bs=1)
-    assert not s.live and s.indices == [5]
+def test_an_empty_slot_becomes_a_weight_zero_filler():
+    shards = shard_step([[5, 6], [7]], rank=1, world=2)
+    assert [s.indices for s in shards] == [[7]] and shards[0].live
+    shards = shard_step([[5, 6]], rank=1, world=2)
+    assert not shards[0].live and shards[0].indices == [5, 6]
     with pytest.raises(ValueError):
-        shard_batch([1, 2, 3], rank=0, world=1, micro_bs=2)
+        shard_step([], rank=0, world=1)
 
 
 def _env(**kw) -> LaunchEnv:

@@ -1,43 +1,47 @@
-"""Each rank's share of every micro-batch: disjoint, complete, and a pure function.
+"""Each rank's micro-batches of an optimizer step: disjoint, complete, a pure function.
 
-The per-epoch plan is built for the global micro-batch (micro-batch size x world size),
-then every global micro-batch is cut into one contiguous slice per rank:
+The epoch plan (data/batching.py) is a list of per-device micro-batches, however it was
+built (fixed size or token budget). An optimizer step takes the next
+`gradient_accumulation_steps x world` entries and deals them out in turn:
 
-    global micro-batch   [ a  b | c  d ]      world 2, per_device_train_batch_size 2
-    rank 0               [ a  b ]
-    rank 1                      [ c  d ]
+    plan entries of one step    m0  m1 | m2  m3        world 2, accumulation 2
+    rank 0                      m0     | m2
+    rank 1                          m1 |     m3
 
-So 2 ranks x micro-batch 1 see exactly the samples of 1 rank x micro-batch 2, in the
-same optimizer steps. A slice left empty (the last, short global micro-batch of an epoch)
-is filled with the first sample of the global micro-batch at weight 0, so every rank runs
-the same number of forward/backward passes (collectives stay matched) while the filler
-adds nothing to the loss or the gradients.
+With plans built for the same per-device micro-batch size, 2 ranks x micro-batch 1 see
+exactly the samples of 1 rank x micro-batch 2 (the plan of size-1 batches is the plan of
+size-2 batches cut in halves, same permutation), and a resumed run continues the same plan
+whatever its world size. A rank left without an entry (the last, short step of an epoch)
+gets a copy of the group's first micro-batch at weight 0, so every rank runs the same
+number of forward/backward passes (collectives stay matched) while the filler adds nothing
+to the loss or the gradients.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class Shard:
-    indices: list[int]  # sample indices this rank computes
+    indices: list[int]  # sample indices of one micro-batch this rank computes
     live: bool = True  # False: a weight-0 filler (its loss and token counts are ignored)
 
 
-def shard_batch(global_batch: list[int], rank: int, world: int, micro_bs: int) -> Shard:
-    """This rank's slice of one global micro-batch of at most `world * micro_bs` samples."""
+def shard_step(entries: list[list[int]], rank: int, world: int) -> list[Shard]:
+    """This rank's micro-batches among the plan entries of one optimizer step."""
     if not 0 <= rank < world:
         raise ValueError(f"rank {rank} outside a world of {world}")
-    if len(global_batch) > world * micro_bs:
-        raise ValueError(f"global micro-batch of {len(global_batch)} samples exceeds "
-                         f"world {world} x micro-batch {micro_bs}")
-    if not global_batch:
-        raise ValueError("empty global micro-batch")
-    part = global_batch[rank * micro_bs:(rank + 1) * micro_bs]
-    return Shard(part) if part else Shard(global_batch[:1], live=False)
+    if not entries:
+        raise ValueError("an optimizer step needs at least one micro-batch")
+    out = []
+    for j in range(math.ceil(len(entries) / world)):
+        group = entries[j * world:(j + 1) * world]
+        out.append(Shard(group[rank]) if rank < len(group) else Shard(group[0], live=False))
+    return out
 
 
-def shard_plan(plan: list[list[int]], rank: int, world: int, micro_bs: int) -> list[Shard]:
-    """Shards of every global micro-batch of a plan, for one rank."""
-    return [shard_batch(b, rank, world, micro_bs) for b in plan]
+def steps_in_plan(n_entries: int, accumulation: int, world: int) -> int:
+    """Optimizer steps that consume a plan of `n_entries` micro-batches."""
+    return math.ceil(n_entries / (accumulation * world))

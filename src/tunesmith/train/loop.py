@@ -1,9 +1,8 @@
 """The one training loop. Objectives, logging, evaluation and checkpoints plug into it.
 
     for each optimizer step:
-        global micro-batches <- next `gradient_accumulation_steps` of the epoch order
-                                (each holds micro-batch size x world size samples)
-        this rank's shards   <- its slice of each (dist/sharding.py)
+        micro-batches <- next `gradient_accumulation_steps` x world entries of the epoch
+                         plan, dealt out to the ranks in turn (dist/sharding.py)
         n <- trained tokens of the whole step, summed over all ranks (one all-reduce)
         for each shard: backward(loss_sum * world / n)   # engines average over ranks, so
                                                          # this equals one process, one batch
@@ -25,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from tunesmith.config.schema import TrainingConfig
-from tunesmith.data.batching import Batch, collate, epoch_batches, steps_per_epoch
+from tunesmith.data.batching import Batch, collate, epoch_batches
 from tunesmith.data.encode import EncodedSample
 from tunesmith.dist.context import (
     DistContext,
@@ -35,7 +34,7 @@ from tunesmith.dist.context import (
     gather_objects,
     reduce_tensor,
 )
-from tunesmith.dist.sharding import Shard, shard_plan
+from tunesmith.dist.sharding import Shard, shard_step, steps_in_plan
 from tunesmith.dist.strategy import Strategy
 from tunesmith.errors import TrainingError
 from tunesmith.train.checkpoint import (
@@ -94,7 +93,8 @@ class Trainer:
         self.world = self.ctx.world_size
         self.accum = cfg.gradient_accumulation_steps
         self.bs = cfg.per_device_train_batch_size
-        self.steps_per_epoch = steps_per_epoch(len(train), self.bs * self.world, self.accum)
+        self.steps_per_epoch = steps_in_plan(math.ceil(len(train) / self.bs), self.accum,
+                                             self.world)
         self.total_steps = cfg.max_steps or math.ceil(cfg.num_train_epochs * self.steps_per_epoch)
         self.strategy.wrap(model, objective)  # before the optimizer: FSDP2 shards parameters
         self.optimizer = build_optimizer(model, cfg)
@@ -108,15 +108,15 @@ class Trainer:
 
     # ----- data position -------------------------------------------------------------
     def _step_batches(self) -> list[Shard]:
-        """This rank's shards of the micro-batches of the next optimizer step (advances
-        state); `batch_in_epoch` counts global micro-batches."""
+        """This rank's micro-batches of the next optimizer step (advances state);
+        `batch_in_epoch` counts plan entries, the same on every rank."""
         s = self.state
-        order = epoch_batches(len(self.train), self.bs * self.world, s.epoch, self.cfg.seed)
-        chunk = order[s.batch_in_epoch:s.batch_in_epoch + self.accum]
+        order = epoch_batches(len(self.train), self.bs, s.epoch, self.cfg.seed)
+        chunk = order[s.batch_in_epoch:s.batch_in_epoch + self.accum * self.world]
         s.batch_in_epoch += len(chunk)
         if s.batch_in_epoch >= len(order):
             s.epoch, s.batch_in_epoch = s.epoch + 1, 0
-        return shard_plan(chunk, self.ctx.rank, self.world, self.bs)
+        return shard_step(chunk, self.ctx.rank, self.world)
 
     # ----- one optimizer step --------------------------------------------------------
     def _autocast(self):
@@ -185,10 +185,9 @@ class Trainer:
             return None
         self.strategy.loss_module.eval()
         bs = self.cfg.per_device_eval_batch_size
-        plan = [list(range(i, min(i + bs * self.world, len(self.val))))
-                for i in range(0, len(self.val), bs * self.world)]
+        plan = [list(range(i, min(i + bs, len(self.val)))) for i in range(0, len(self.val), bs)]
         total, count = 0.0, 0
-        for shard in shard_plan(plan, self.ctx.rank, self.world, bs):
+        for shard in shard_step(plan, self.ctx.rank, self.world):
             batch = collate([self.val[i] for i in shard.indices], self.pad_id).to(self.device)
             with self._autocast():
                 loss = float(self.strategy.loss_module(batch))
@@ -245,8 +244,9 @@ class Trainer:
         self.state = LoopState(**{k: v for k, v in ckpt.meta.items() if k in fields})
         saved_world = ckpt.meta.get("world_size", 1)
         if saved_world != self.world and self.ctx.is_main:
-            log.warning("%s was written by %d rank(s), resuming on %d: the data order from here "
-                        "differs from an uninterrupted run", path, saved_world, self.world)
+            log.warning("%s was written by %d rank(s), resuming on %d: the data plan continues "
+                        "where it stopped, but each optimizer step now takes %d micro-batches",
+                        path, saved_world, self.world, self.accum * self.world)
         log.info("resumed from %s at step %d", path, self.state.step)
         if self.ctx.is_main:
             print(f"resumed from {path} (step {self.state.step} of {self.total_steps})")
