@@ -63,6 +63,10 @@ def strategy_name(cfg: TrainingConfig, ctx: DistContext) -> StrategyName:
         return "deepspeed"
     if cfg.fsdp:
         fsdp_settings(cfg)  # validate before any work
+        if cfg.fp16:
+            raise ConfigError("fsdp with fp16: loss scaling would see only each rank's shard of "
+                              "the gradients; use bf16: true (or DeepSpeed, which scales fp16 "
+                              "losses itself)")
         return "fsdp" if ctx.distributed else "single"
     return "ddp" if ctx.distributed else "single"
 
@@ -259,6 +263,9 @@ def apply_fsdp2(root: LossModule, s: FsdpSettings, ctx: DistContext,
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
     dev = ctx.device.type
+    if s.cpu_offload and dev != "cuda":
+        raise ConfigError("fsdp: offload moves sharded state between GPU and CPU memory; this run "
+                          "is on the CPU already, so remove offload (or fsdp_config.cpu_offload)")
     if s.hybrid and ctx.nnodes > 1:
         mesh = init_device_mesh(dev, (ctx.nnodes, ctx.local_world_size),
                                 mesh_dim_names=("replicate", "shard"))

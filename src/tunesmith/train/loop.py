@@ -101,8 +101,8 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg, self.total_steps)
         self.strategy.attach_optimizer(self.optimizer)
         self.amp_dtype = _amp_dtype(cfg, device)
-        self.scaler = (torch.amp.GradScaler("cuda", init_scale=2.0 ** 12)
-                       if self.amp_dtype == torch.float16 else None)
+        own_scaler = self.amp_dtype == torch.float16 and self.strategy.name != "deepspeed"
+        self.scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 12) if own_scaler else None
         self.state = LoopState()
         self.throughput = Throughput(device, flops_per_token)
 
