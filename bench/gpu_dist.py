@@ -3,6 +3,18 @@
     python bench/gpu_dist.py                 # 2x H200: writes $OUT/dist_bench.{json,md}
     python bench/gpu_dist.py --tiny          # the same code path on the CPU (gloo), in seconds
 
+On the lent nvidia-h200-x2 machine (Python 3.12, no network), DeepSpeed travels as wheels
+in .whl/ (deepspeed, hjson, pydantic, pydantic_core cp312, annotated_types,
+typing_inspection, typing_extensions; carry=[".whl"]):
+
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site;
+    PYTHONUNBUFFERED=1 python3 bench/gpu_dist.py --out $OUT
+
+Without deepspeed the ZeRO-3 case is reported as skipped. Each case's full log is kept in
+$OUT/<case>.log. A case that runs out of memory is retried once with gradient checkpointing
+(recorded in the result).
+
 Cases (each a fresh process group; the 2-process ones under torchrun):
 
     ddp_lora  x1, x2   LoRA r16 alpha 32 on q,k,v,o,gate,up,down; micro-batch 4 x 2048
@@ -158,7 +170,9 @@ class RecordingLog:
 # ----- the driver (no torch.distributed here) ------------------------------------------------
 def drive(a: argparse.Namespace) -> int:
     a.out.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TOKENIZERS_PARALLELISM="false",
+    # NVLink multicast stays off on the lent machines (see the device notes)
+    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1",
+               NVSHMEM_DISABLE_NVLS="1", TOKENIZERS_PARALLELISM="false",
                PYTHONPATH=os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")]))
     env.pop("NPROC_PER_NODE", None)
     if a.tiny:  # two CPU cores: one thread per process, as torchrun gives its ranks
