@@ -67,9 +67,11 @@ def check_output_dir_once(cfg: Config, ctx: DistContext) -> Path:
             check_output_dir(cfg)
         except TunesmithError as exc:
             problem = exc
-    problem = broadcast_object(problem, ctx)
+    message = broadcast_object(str(problem) if problem else None, ctx)
     if problem is not None:
         raise problem
+    if message is not None:  # the same verdict on the other ranks
+        raise TunesmithError(str(message))
     return Path(cfg.training.output_dir)
 
 
@@ -90,15 +92,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     if ctx.is_main:
         dump_config(cfg, out / "config.resolved.yaml")
 
-    torch.manual_seed(t.seed)
-    dtype = _base_dtype(cfg, device)
-    model = load_causal_lm(model_path, dtype=dtype, trust_remote_code=m.trust_remote_code,
-                           attn_implementation=m.attn_implementation, device=device)
-    model = prepare_trainable(model, f, m.adapter_name_or_path)
-    if t.gradient_checkpointing != "false":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
-
+    model = build_model(cfg, model_path, device)  # same seed on every rank: same LoRA init
     from tunesmith.train.objective import NextTokenObjective
 
     flop_model = build_flop_model(model, full=f.finetuning_type == "full")
@@ -128,6 +122,20 @@ def run_sft(cfg: Config) -> dict[str, Any]:
         summary = write_summary(out, cfg, result, data.report, device)
     barrier(ctx)
     return summary
+
+
+def build_model(cfg: Config, model_path: str, device: torch.device) -> torch.nn.Module:
+    """The base model on `device` with its trainable parameters set up."""
+    m, t = cfg.model, cfg.training
+    torch.manual_seed(t.seed)
+    model = load_causal_lm(model_path, dtype=_base_dtype(cfg, device),
+                           trust_remote_code=m.trust_remote_code,
+                           attn_implementation=m.attn_implementation, device=device)
+    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path)
+    if t.gradient_checkpointing != "false":
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model
 
 
 def _base_dtype(cfg: Config, device: torch.device) -> torch.dtype:
