@@ -142,7 +142,7 @@ def test_deepspeed_config_auto_values_come_from_the_yaml(tmp_path):
                                "gradient_accumulation_steps": 2, "max_grad_norm": 0.5}).training
     conf = load_ds_config(t, DistContext(world_size=2))
     assert conf["train_batch_size"] == 16 and conf["gradient_clipping"] == 0.5
-    assert "reduce_bucket_size" not in conf["zero_optimization"]
+    assert conf["zero_optimization"]["reduce_bucket_size"] == "auto"  # set from the model
     path.write_text('{"train_micro_batch_size_per_gpu": 8}')
     with pytest.raises(ConfigError, match="train_micro_batch_size_per_gpu=8"):
         load_ds_config(t, DistContext(world_size=2))

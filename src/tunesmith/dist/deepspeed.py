@@ -29,6 +29,11 @@ from tunesmith.errors import ConfigError, TrainingError
 log = logging.getLogger(__name__)
 ENGINE_DIR, TAG = "deepspeed", "state"
 OPTIMIZER_MARKER = {"deepspeed": True}  # optimizer.pt of a DeepSpeed checkpoint
+# ZeRO sizes that "auto" sets from the model's hidden size h (the usual heuristics:
+# buckets of about one h x h matrix; parameters below 10 h elements stay unpartitioned)
+SIZED_BY_HIDDEN = {"reduce_bucket_size": lambda h: h * h,
+                   "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
+                   "stage3_param_persistence_threshold": lambda h: 10 * h}
 
 
 def import_deepspeed() -> Any:
@@ -72,7 +77,8 @@ def load_ds_config(cfg: TrainingConfig, ctx: DistContext) -> dict[str, Any]:
         if section.get("enabled", "auto") == "auto":
             section["enabled"] = flag
     zero = conf.setdefault("zero_optimization", {})
-    for key in [k for k, v in zero.items() if v == "auto"]:
+    unknown = [k for k, v in zero.items() if v == "auto" and k not in SIZED_BY_HIDDEN]
+    for key in unknown:
         del zero[key]  # DeepSpeed's own default
     if "offload_optimizer" in zero:
         conf.setdefault("zero_force_ds_cpu_optimizer", False)  # tunesmith's AdamW on the CPU
@@ -90,6 +96,14 @@ class DeepSpeedStrategy(Strategy):
         self.engine: Any = None
 
     def wrap(self, model: torch.nn.Module, objective: Any) -> None:
+        hidden = int(getattr(model.config, "hidden_size", 0) or 0)
+        zero = self.conf["zero_optimization"]
+        for key, size in SIZED_BY_HIDDEN.items():
+            if zero.get(key) == "auto":
+                if hidden:
+                    zero[key] = size(hidden)
+                else:
+                    del zero[key]
         self.model, self.inner = model, LossModule(model, objective)
         self.loss_module = self.inner  # replaced by the engine in attach_optimizer
         if self.stage == 3:
