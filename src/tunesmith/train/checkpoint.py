@@ -112,6 +112,24 @@ def finish_checkpoint(output_dir: Path, step: int, state: CheckpointState,
     return final
 
 
+def save_checkpoint(output_dir: Path, step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None, scheduler: Any, scaler: Any,
+                    meta: dict[str, Any], extra_writer: Any = None) -> Path:
+    """One process: gather `model`'s trainable tensors and the optimizer state, and write
+    checkpoint-`step` (the loop itself goes through its strategy, which also gathers)."""
+    optim = None
+    if optimizer is not None:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        optim = get_optimizer_state_dict(model, optimizer)
+    state = CheckpointState(trainable_state(model), optim,
+                            scheduler.state_dict() if optim is not None else None,
+                            scaler.state_dict() if scaler is not None and optim else None,
+                            [capture_rng()], meta)
+    begin_checkpoint(output_dir, step)
+    return finish_checkpoint(output_dir, step, state, extra_writer)
+
+
 def _write_synced(path: Path, text: str) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         fh.write(text)

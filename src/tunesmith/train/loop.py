@@ -37,6 +37,7 @@ from tunesmith.dist.context import (
 from tunesmith.dist.sharding import Shard, shard_step, steps_in_plan
 from tunesmith.dist.strategy import Strategy
 from tunesmith.errors import TrainingError
+from tunesmith.models.acceleration import activation_offload
 from tunesmith.train.checkpoint import (
     CheckpointState,
     begin_checkpoint,
@@ -104,6 +105,7 @@ class Trainer:
         own_scaler = self.amp_dtype == torch.float16 and self.strategy.name != "deepspeed"
         self.scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 12) if own_scaler else None
         self.state = LoopState()
+        self.last_step_tokens = 0
         self.throughput = Throughput(device, flops_per_token)
 
     # ----- data position -------------------------------------------------------------
@@ -124,10 +126,13 @@ class Trainer:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def _train_step(self, micro: list[Batch], live: list[bool]) -> tuple[float, float, int]:
-        """Forward/backward every micro-batch, then step. Returns (loss, grad norm, real
-        tokens of the step over all ranks); the loss is the mean over the step's global
-        target tokens, the same on every rank."""
+    def train_step(self, micro: list[Batch], live: list[bool] | None = None
+                   ) -> tuple[float, float]:
+        """One optimizer step over this rank's `micro`-batches (`live[i]` False: a weight-0
+        filler). Returns (loss per trained token of the whole step over all ranks, grad
+        norm), the same on every rank; the step's real tokens over all ranks go to
+        `self.last_step_tokens`."""
+        live = live if live is not None else [True] * len(micro)
         local_targets = sum(b.n_targets for b, ok in zip(micro, live, strict=True) if ok)
         local_tokens = sum(b.n_tokens for b, ok in zip(micro, live, strict=True) if ok)
         n_global = reduce_tensor([local_targets], self.ctx)[0]  # before any backward
@@ -135,12 +140,14 @@ class Trainer:
         total = torch.zeros((), device=self.device)
         for i, (batch, ok) in enumerate(zip(micro, live, strict=True)):
             with self.strategy.micro_context(last=i == len(micro) - 1):
-                with self._autocast():
+                with self._autocast(), activation_offload(self.cfg.gradient_checkpointing,
+                                                          self.device):
                     loss_sum = self.strategy.loss_module(batch.to(self.device))
                 scaled = loss_sum * (factor if ok else 0.0)  # a filler shard adds nothing
                 self.strategy.backward(self.scaler.scale(scaled) if self.scaler else scaled)
             total += scaled.detach().float()
         loss, tokens = all_reduce_sum([float(total) / self.world, local_tokens], self.ctx)
+        self.last_step_tokens = int(tokens)
         norm, stepped = self.strategy.finish_step(self.optimizer, self.scaler,
                                                   self.cfg.max_grad_norm, math.isfinite(loss))
         if stepped:
@@ -265,9 +272,9 @@ class Trainer:
             shards = self._step_batches()
             micro = [collate([self.train[i] for i in sh.indices], self.pad_id) for sh in shards]
             self.throughput.add_data_wait(time.perf_counter() - t0)
-            loss, norm, tokens = self._train_step(micro, [sh.live for sh in shards])
+            loss, norm = self.train_step(micro, [sh.live for sh in shards])
             s.step += 1
-            s.tokens_seen += tokens
+            s.tokens_seen += self.last_step_tokens
             s.trained_tokens_seen += sum(b.n_targets for b, sh in zip(micro, shards,
                                                                      strict=True) if sh.live)
             self.throughput.add_step([b for b, sh in zip(micro, shards, strict=True) if sh.live])
