@@ -155,7 +155,7 @@ class Trainer:
             self.state.nonfinite_run = 0
         else:
             self._count_nonfinite(loss, norm)
-        return loss, norm, int(tokens)
+        return loss, norm
 
     def _count_nonfinite(self, loss: float, norm: float) -> None:
         s = self.state
