@@ -135,8 +135,11 @@ class Trainer:
         live = live if live is not None else [True] * len(micro)
         local_targets = sum(b.n_targets for b, ok in zip(micro, live, strict=True) if ok)
         local_tokens = sum(b.n_tokens for b, ok in zip(micro, live, strict=True) if ok)
-        n_global = reduce_tensor([local_targets], self.ctx)[0]  # before any backward
-        factor = (self.world / n_global.clamp(min=1.0)).float()  # stays on the device
+        if self.ctx.distributed:  # global count before any backward, kept on the device
+            n_global = reduce_tensor([local_targets], self.ctx)[0]
+            factor: torch.Tensor | float = (self.world / n_global.clamp(min=1.0)).float()
+        else:
+            factor = 1.0 / max(local_targets, 1)
         total = torch.zeros((), device=self.device)
         for i, (batch, ok) in enumerate(zip(micro, live, strict=True)):
             with self.strategy.micro_context(last=i == len(micro) - 1):
