@@ -87,9 +87,10 @@ def run_case(a: argparse.Namespace) -> None:
 
     model = prepare_trainable(model, FinetuningConfig(
         finetuning_type=ft, lora_rank=16, lora_alpha=32, lora_target=LORA_TARGETS), [])
-    if a.checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
+    from tunesmith.config.schema import Config
+    from tunesmith.recipes.sft import apply_speed_settings
+
+    apply_speed_settings(model, Config(training=cfg))  # checkpointing mode, no KV cache
     result = train(model, cfg, ctx, build_strategy(cfg, ctx), seq, mb, ft, a)
     peak = all_reduce_sum([result.pop("peak_mem_gb_rank")], ctx)[0]  # sum over ranks
     result["peak_mem_gb_per_gpu"] = round(peak / ctx.world_size, 2)
