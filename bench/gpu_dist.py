@@ -96,6 +96,9 @@ def run_case(a: argparse.Namespace) -> None:
     result["peak_mem_gb_per_gpu"] = round(peak / ctx.world_size, 2)
     if ctx.is_main:
         (a.out / f"{a.case}.json").write_text(json.dumps(result, indent=2))
+    from tunesmith.dist.context import shutdown_process_group
+
+    shutdown_process_group()
 
 
 def build_model(tiny: bool, ft: str, device):

@@ -14,10 +14,12 @@ from pathlib import Path
 
 def run_all(spec_file: str) -> None:
     from tunesmith.config import load_config
+    from tunesmith.dist.context import shutdown_process_group
     from tunesmith.recipes.sft import run_sft
 
     for overrides in json.loads(Path(spec_file).read_text()):
         run_sft(load_config(overrides=overrides))
+    shutdown_process_group()
 
 
 def fail_on_rank_1() -> None:

@@ -59,10 +59,13 @@ def cmd_train(args: list[str]) -> int:
     from tunesmith.recipes.sft import run_sft
 
     if distributed_env()["world_size"] > 1:
+        from tunesmith.dist.context import shutdown_process_group
+
         try:  # torchrun's report then names this rank and its error
             run_recorded(lambda: run_sft(cfg))
         except TunesmithError as exc:
             raise TunesmithError(f"rank {rank}: {exc}") from None
+        shutdown_process_group()  # a clean exit: no collective threads left at teardown
     else:
         run_sft(cfg)
     return 0

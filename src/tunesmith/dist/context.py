@@ -115,6 +115,7 @@ def barrier(ctx: DistContext) -> None:
         dist.barrier()
 
 
-def shutdown(ctx: DistContext) -> None:
-    if ctx.distributed and dist.is_initialized():
+def shutdown_process_group() -> None:
+    """Leave the process group (once training is over, before the process exits)."""
+    if dist.is_initialized():
         dist.destroy_process_group()
