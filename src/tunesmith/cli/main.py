@@ -49,11 +49,28 @@ def cmd_train(args: list[str]) -> int:
         print(config_help())
         return 0
     path, overrides = parse_cli_args(args)
-    cfg = load_config(path, overrides)
-    setup_process(cfg.training.seed)
+    cfg = load_config(path, overrides)  # checked once, before any process is started
+    from tunesmith.config.environment import distributed_env, launch_env
+    from tunesmith.dist.launch import gpu_count, processes_to_launch, relaunch, run_recorded
+
+    env = launch_env()
+    nproc = processes_to_launch(env, gpu_count())
+    if nproc:  # one process per GPU (or NPROC_PER_NODE), each running this same command
+        return relaunch(env, nproc, ["train", *args])
+    rank = distributed_env()["rank"]
+    setup_process(cfg.training.seed, rank=rank)
     from tunesmith.recipes.sft import run_sft
 
-    run_sft(cfg)
+    if distributed_env()["world_size"] > 1:
+        from tunesmith.dist.context import shutdown_process_group
+
+        try:  # torchrun's report then names this rank and its error
+            run_recorded(lambda: run_sft(cfg))
+        except TunesmithError as exc:
+            raise TunesmithError(f"rank {rank}: {exc}") from None
+        shutdown_process_group()  # a clean exit: no collective threads left at teardown
+    else:
+        run_sft(cfg)
     return 0
 
 

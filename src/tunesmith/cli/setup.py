@@ -10,10 +10,11 @@ import warnings
 import numpy as np
 
 
-def setup_process(seed: int | None = None, verbose: bool = False) -> None:
+def setup_process(seed: int | None = None, verbose: bool = False, rank: int = 0) -> None:
+    """Logging, seeds and threads. Ranks other than 0 log errors only (rank 0 speaks)."""
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING,
                         format="[%(levelname)s] %(name)s: %(message)s")
-    logging.getLogger("tunesmith").setLevel(logging.INFO)
+    logging.getLogger("tunesmith").setLevel(logging.INFO if rank == 0 else logging.ERROR)
     for noisy in ("transformers", "peft", "accelerate", "httpx", "urllib3"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=UserWarning, module="torch")

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+from tunesmith.errors import ConfigError
 
 
 def cache_root() -> Path:
@@ -29,4 +32,47 @@ def distributed_env() -> dict[str, int]:
         "rank": int(os.environ.get("RANK", "0")),
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     }
+
+
+@dataclass(frozen=True)
+class LaunchEnv:
+    """How `tunesmith train` should start its processes (LLaMA-Factory's variable names).
+
+    `launched` is true when a launcher (torchrun, accelerate launch, a cluster scheduler
+    running torchrun) already started this process as one rank of a group.
+    """
+
+    launched: bool
+    nproc_per_node: int | None  # NPROC_PER_NODE; None: one process per visible GPU
+    nnodes: int  # NNODES
+    node_rank: int  # NODE_RANK
+    master_addr: str  # MASTER_ADDR ("" when unset)
+    master_port: int | None  # MASTER_PORT
+    force_torchrun: bool  # FORCE_TORCHRUN: relaunch even with one GPU or none (CPU tests)
+
+
+def launch_env() -> LaunchEnv:
+    """Read the launch variables; a malformed number raises ConfigError naming it."""
+    env = os.environ
+    return LaunchEnv(
+        launched="LOCAL_RANK" in env or "TORCHELASTIC_RUN_ID" in env,
+        nproc_per_node=_int_var("NPROC_PER_NODE"),
+        nnodes=_int_var("NNODES") or 1,
+        node_rank=_int_var("NODE_RANK") or 0,
+        master_addr=env.get("MASTER_ADDR", ""),
+        master_port=_int_var("MASTER_PORT"),
+        force_torchrun=env.get("FORCE_TORCHRUN", "").lower() in {"1", "true", "yes"},
+    )
+
+
+def _int_var(name: str) -> int | None:
+    value = os.environ.get(name, "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"environment variable {name}={value!r} is not a whole number; "
+                          f"unset it or give e.g. {name}=2") from None

@@ -167,6 +167,20 @@ class TrainingConfig:
         "steps", "When to evaluate on the validation split.", advanced=True)
     ddp_timeout: int = opt(1800, "Seconds a rank waits in a collective before failing.",
                            minimum=1, advanced=True)
+    # Distributed training (several processes, launched by torchrun; see docs/distributed.md)
+    ddp_backend: Literal["auto", "nccl", "gloo"] = opt(
+        "auto", "Collective backend: auto (nccl on GPUs, gloo on CPUs), nccl or gloo.",
+        advanced=True)
+    fsdp: list[str] = opt(
+        [], "Shard with FSDP2 instead of DDP: full_shard, shard_grad_op or hybrid_shard, "
+        "optionally with offload (parameters and optimizer state on the CPU); auto_wrap is "
+        "accepted (decoder layers are always the wrapping unit).", advanced=True)
+    fsdp_config: dict = opt(
+        {}, "FSDP2 details: reshard_after_forward (bool), reduce_dtype (float32 or bfloat16), "
+        "cpu_offload (bool).", advanced=True)
+    deepspeed: str = opt(
+        "", "Path to a DeepSpeed JSON config (ZeRO-2/3, offload); needs the deepspeed extra. "
+        "Examples in examples/deepspeed/.", advanced=True)
 
 
 @dataclass

@@ -20,7 +20,10 @@ from tunesmith.config.loader import dump_config
 from tunesmith.config.schema import Config
 from tunesmith.data.loading import prepare_data
 from tunesmith.data.template import ChatRenderer, load_template_source
-from tunesmith.errors import ConfigError
+from tunesmith.dist.context import DistContext, barrier, broadcast_object, init_distributed
+from tunesmith.dist.handoff import prepare_on_main
+from tunesmith.dist.strategy import build_strategy, fsdp_settings
+from tunesmith.errors import ConfigError, TunesmithError
 from tunesmith.kernels.fused import liger_ops
 from tunesmith.models.acceleration import (
     apply_fused_kernels,
@@ -29,7 +32,7 @@ from tunesmith.models.acceleration import (
     use_varlen_attention,
 )
 from tunesmith.models.flops import batch_flops, build_flop_model
-from tunesmith.models.loader import load_causal_lm, load_tokenizer, pick_device
+from tunesmith.models.loader import load_causal_lm, load_tokenizer
 from tunesmith.models.provision import resolve_model_path
 from tunesmith.train.checkpoint import list_checkpoints
 from tunesmith.train.loop import Trainer
@@ -62,47 +65,82 @@ def check_output_dir(cfg: Config) -> Path:
     return out
 
 
+def check_output_dir_once(cfg: Config, ctx: DistContext) -> Path:
+    """Rank 0 checks (and, with overwrite_output_dir, cleans) output_dir; every rank gets
+    the same verdict."""
+    problem = None
+    if ctx.is_main:
+        try:
+            check_output_dir(cfg)
+        except TunesmithError as exc:
+            problem = exc
+    message = broadcast_object(str(problem) if problem else None, ctx)
+    if problem is not None:
+        raise problem
+    if message is not None:  # the same verdict on the other ranks
+        raise TunesmithError(str(message))
+    return Path(cfg.training.output_dir)
+
+
 def run_sft(cfg: Config) -> dict[str, Any]:
-    out = check_output_dir(cfg)
     m, f, t = cfg.model, cfg.finetuning, cfg.training
     if not m.model_name_or_path:
         raise ConfigError("model_name_or_path: not set; e.g. smollm2-135m-instruct")
-    device = pick_device(t.device)
+    offload = bool(t.fsdp) and fsdp_settings(t).cpu_offload
+    ctx = init_distributed(t.device, t.ddp_backend, t.ddp_timeout, cpu_offload=offload)
+    out = check_output_dir_once(cfg, ctx)
+    device = ctx.device
     model_path = resolve_model_path(m.model_name_or_path, m.cache_dir or None)
     tokenizer = load_tokenizer(model_path, trust_remote_code=m.trust_remote_code)
     template_name, template_source = load_template_source(m.template, tokenizer)
     renderer = ChatRenderer(template_name, template_source, tokenizer)
-    data = prepare_data(cfg.data, renderer, tokenizer, t.seed)
-    dump_config(cfg, out / "config.resolved.yaml")
+    data = prepare_on_main(lambda: prepare_data(cfg.data, renderer, tokenizer, t.seed),
+                           out / ".cache", "prepared-data", ctx, t.ddp_timeout)
+    if ctx.is_main:
+        dump_config(cfg, out / "config.resolved.yaml")
 
-    torch.manual_seed(t.seed)
-    dtype = _base_dtype(cfg, device)
-    model = load_causal_lm(model_path, dtype=dtype, trust_remote_code=m.trust_remote_code,
-                           attn_implementation=m.attn_implementation, device=device)
-    model = prepare_trainable(model, f, m.adapter_name_or_path)
-    apply_speed_settings(model, cfg)
-
+    model = build_model(cfg, model_path, device)  # same seed on every rank: same LoRA init
     from tunesmith.train.objective import NextTokenObjective
 
     flop_model = build_flop_model(model, full=f.finetuning_type == "full")
     save_artifacts = partial(_save_model, model=model, tokenizer=tokenizer,
                              template_source=template_source, cfg=cfg)
-    metrics = MetricsLog(out / "metrics.jsonl", t.report_to, out)
+    metrics = MetricsLog(out / "metrics.jsonl", t.report_to, out) if ctx.is_main else None
+    lora = f.finetuning_type == "lora"
     trainer = Trainer(model, NextTokenObjective(t.loss_impl, t.loss_chunk_size), data.train,
                       data.val, t, pad_id=tokenizer.pad_token_id, device=device,
                       output_dir=out, metrics=metrics,
-                      checkpoint_extra=save_artifacts if f.finetuning_type == "lora" else None,
-                      flops_per_token=partial(batch_flops, flop_model))
+                      checkpoint_extra=save_artifacts if lora else None,
+                      flops_per_token=partial(batch_flops, flop_model),
+                      strategy=build_strategy(t, ctx))
     if t.resume_from_checkpoint:
         trainer.resume(t.resume_from_checkpoint)
     try:
         result = trainer.run()
     finally:
-        metrics.close()
-        if t.plot_loss:
-            plot_loss(out / "metrics.jsonl", out / "loss.png")
-    _save_model(out, model=model, tokenizer=tokenizer, template_source=template_source, cfg=cfg)
-    return write_summary(out, cfg, result, data.report, device)
+        if metrics is not None:
+            metrics.close()
+            if t.plot_loss:
+                plot_loss(out / "metrics.jsonl", out / "loss.png")
+    gathered = trainer.strategy.export_state(adapter=lora)  # collective when sharded
+    summary: dict[str, Any] = {}
+    if ctx.is_main:
+        save_artifacts(out, state_dict=gathered)
+        summary = write_summary(out, cfg, result, data.report, device)
+    barrier(ctx)
+    return summary
+
+
+def build_model(cfg: Config, model_path: str, device: torch.device) -> torch.nn.Module:
+    """The base model on `device` with its trainable parameters set up."""
+    m, t = cfg.model, cfg.training
+    torch.manual_seed(t.seed)
+    model = load_causal_lm(model_path, dtype=_base_dtype(cfg, device),
+                           trust_remote_code=m.trust_remote_code,
+                           attn_implementation=m.attn_implementation, device=device)
+    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path)
+    apply_speed_settings(model, cfg)
+    return model
 
 
 def apply_speed_settings(model: torch.nn.Module, cfg: Config) -> None:
@@ -133,11 +171,15 @@ def _base_dtype(cfg: Config, device: torch.device) -> torch.dtype:
 
 
 def _save_model(folder: Path, *, model: torch.nn.Module, tokenizer: Any, template_source: str,
-                cfg: Config) -> None:
+                cfg: Config, state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """The adapter (PEFT format) or full model (safetensors), and the tokenizer carrying the
-    chat template the model was trained with."""
+    chat template the model was trained with. `state_dict`: tensors gathered from a sharded
+    model (FSDP2, ZeRO-3); None saves the live model's own."""
     folder.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(folder))
+    if state_dict is None:
+        model.save_pretrained(str(folder))
+    else:
+        model.save_pretrained(str(folder), state_dict=state_dict)
     tokenizer.chat_template = template_source
     tokenizer.save_pretrained(str(folder))
     info = {"tunesmith_version": __version__,

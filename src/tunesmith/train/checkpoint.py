@@ -2,6 +2,7 @@
 
     output_dir/.checkpoint-N.tmp/   <- everything written and fsynced here first
         trainable.safetensors  optimizer.pt  scheduler.pt  rng.pt  [adapter files]
+        [deepspeed/ (ZeRO's own sharded state, written by every rank)]
         trainer_state.json      <- written last
     rename(.checkpoint-N.tmp -> checkpoint-N)   <- atomic on POSIX
 
@@ -15,6 +16,7 @@ import os
 import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,29 +51,56 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+@dataclass
+class CheckpointState:
+    """Everything a checkpoint holds, already gathered to plain CPU tensors (rank 0).
+
+    Optimizer state is keyed by parameter names (torch.distributed.checkpoint's format),
+    so a checkpoint written by any strategy or number of ranks loads under any other.
+    """
+
+    weights: dict[str, torch.Tensor]  # trainable parameters by name
+    optimizer: dict[str, Any] | None  # None: save_only_model
+    scheduler: dict[str, Any] | None
+    scaler: dict[str, Any] | None
+    rng: list[dict[str, Any]]  # one RNG state per rank
+    meta: dict[str, Any]
+
+
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().contiguous().cpu() for n, p in model.named_parameters()
             if p.requires_grad}
 
 
-def save_checkpoint(output_dir: Path, step: int, model: torch.nn.Module,
-                    optimizer: torch.optim.Optimizer | None, scheduler: Any, scaler: Any,
-                    state: dict[str, Any], extra_writer: Any = None) -> Path:
-    """Write checkpoint-`step` atomically and return its path."""
-    final = output_dir / f"checkpoint-{step}"
-    tmp = output_dir / f".checkpoint-{step}.tmp"
+def checkpoint_tmp(output_dir: Path, step: int) -> Path:
+    return output_dir / f".checkpoint-{step}.tmp"
+
+
+def begin_checkpoint(output_dir: Path, step: int) -> Path:
+    """Create the empty temporary folder of checkpoint-`step` (rank 0, before the others
+    write engine state into it)."""
+    tmp = checkpoint_tmp(output_dir, step)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file(trainable_state(model), str(tmp / "trainable.safetensors"))
-    if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
-        if scaler is not None:
-            torch.save(scaler.state_dict(), tmp / "scaler.pt")
-    torch.save(capture_rng(), tmp / "rng.pt")
+    return tmp
+
+
+def finish_checkpoint(output_dir: Path, step: int, state: CheckpointState,
+                      extra_writer: Any = None) -> Path:
+    """Write `state` into the temporary folder, fsync, rename to checkpoint-`step`."""
+    final = output_dir / f"checkpoint-{step}"
+    tmp = checkpoint_tmp(output_dir, step)
+    tmp.mkdir(parents=True, exist_ok=True)
+    save_file(state.weights, str(tmp / "trainable.safetensors"))
+    if state.optimizer is not None:
+        torch.save(state.optimizer, tmp / "optimizer.pt")
+        torch.save(state.scheduler, tmp / "scheduler.pt")
+        if state.scaler is not None:
+            torch.save(state.scaler, tmp / "scaler.pt")
+    torch.save({"ranks": state.rng}, tmp / "rng.pt")
     if extra_writer is not None:
         extra_writer(tmp)  # e.g. the PEFT adapter, so a checkpoint is usable on its own
-    _write_synced(tmp / STATE_FILE, json.dumps(state, indent=2))
+    _write_synced(tmp / STATE_FILE, json.dumps(state.meta, indent=2))
     _fsync_tree(tmp)
     if final.exists():
         old = output_dir / f".checkpoint-{step}.old"
@@ -81,6 +110,24 @@ def save_checkpoint(output_dir: Path, step: int, model: torch.nn.Module,
     tmp.rename(final)
     _fsync_dir(output_dir)
     return final
+
+
+def save_checkpoint(output_dir: Path, step: int, model: torch.nn.Module,
+                    optimizer: torch.optim.Optimizer | None, scheduler: Any, scaler: Any,
+                    meta: dict[str, Any], extra_writer: Any = None) -> Path:
+    """One process: gather `model`'s trainable tensors and the optimizer state, and write
+    checkpoint-`step` (the loop itself goes through its strategy, which also gathers)."""
+    optim = None
+    if optimizer is not None:
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        optim = get_optimizer_state_dict(model, optimizer)
+    state = CheckpointState(trainable_state(model), optim,
+                            scheduler.state_dict() if optim is not None else None,
+                            scaler.state_dict() if scaler is not None and optim else None,
+                            [capture_rng()], meta)
+    begin_checkpoint(output_dir, step)
+    return finish_checkpoint(output_dir, step, state, extra_writer)
 
 
 def _write_synced(path: Path, text: str) -> None:
@@ -123,27 +170,27 @@ def latest_checkpoint(output_dir: Path) -> Path | None:
     return ckpts[-1] if ckpts else None
 
 
-def load_checkpoint(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, scaler: Any) -> dict[str, Any]:
+def read_checkpoint(path: Path) -> CheckpointState:
+    """Read a complete checkpoint folder (tensors on the CPU)."""
     if not (path / STATE_FILE).is_file():
         raise TrainingError(f"resume_from_checkpoint: {str(path)!r} is not a complete tunesmith "
                             f"checkpoint (no {STATE_FILE}); give a checkpoint-N folder or auto")
-    weights = load_file(str(path / "trainable.safetensors"))
-    params = dict(model.named_parameters())
-    missing = [n for n, p in params.items() if p.requires_grad and n not in weights]
+    optimizer = scheduler = scaler = None
+    if (path / "optimizer.pt").is_file():
+        optimizer = torch.load(path / "optimizer.pt", weights_only=True)
+        scheduler = torch.load(path / "scheduler.pt", weights_only=True)
+        if (path / "scaler.pt").is_file():
+            scaler = torch.load(path / "scaler.pt", weights_only=True)
+    rng = torch.load(path / "rng.pt", weights_only=True)["ranks"]
+    return CheckpointState(load_file(str(path / "trainable.safetensors")), optimizer,
+                           scheduler, scaler, rng, json.loads((path / STATE_FILE).read_text()))
+
+
+def check_weights(path: Path, weights: dict[str, torch.Tensor], trainable: list[str]) -> None:
+    missing = [n for n in trainable if n not in weights]
     if missing:
         raise TrainingError(f"{path}: checkpoint lacks {len(missing)} trainable tensor(s), e.g. "
                             f"{missing[0]}; it was written by a run with other settings")
-    with torch.no_grad():
-        for name, tensor in weights.items():
-            params[name].copy_(tensor)
-    if (path / "optimizer.pt").is_file():
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
-        scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
-        if scaler is not None and (path / "scaler.pt").is_file():
-            scaler.load_state_dict(torch.load(path / "scaler.pt", weights_only=True))
-    restore_rng(torch.load(path / "rng.pt", weights_only=True))
-    return json.loads((path / STATE_FILE).read_text())
 
 
 def rotate_checkpoints(output_dir: Path, limit: int) -> None:

@@ -1,11 +1,13 @@
 """The one training loop. Objectives, logging, evaluation and checkpoints plug into it.
 
     for each optimizer step:
-        micro-batches <- next `gradient_accumulation_steps` batches of the epoch order
-        n <- trained tokens of all those micro-batches
-        for each micro-batch: backward(loss_sum / n)        # token-normalised over the step
+        micro-batches <- next `gradient_accumulation_steps` x world entries of the epoch
+                         plan, dealt out to the ranks in turn (dist/sharding.py)
+        n <- trained tokens of the whole step, summed over all ranks (one all-reduce)
+        for each shard: backward(loss_sum * world / n)   # engines average over ranks, so
+                                                         # this equals one process, one batch
         clip -> if loss or grad norm non-finite: skip (counted) else optimizer + scheduler
-        log / evaluate / checkpoint
+        log / evaluate / checkpoint (rank 0 writes)
 """
 
 from __future__ import annotations
@@ -22,15 +24,31 @@ import torch
 from tqdm.auto import tqdm
 
 from tunesmith.config.schema import TrainingConfig
-from tunesmith.data.batching import Batch, collate, epoch_batches, steps_per_epoch
+from tunesmith.data.batching import Batch, collate, epoch_batches
 from tunesmith.data.encode import EncodedSample
-from tunesmith.errors import TrainingError
+from tunesmith.dist.context import (
+    DistContext,
+    all_reduce_sum,
+    barrier,
+    broadcast_object,
+    gather_objects,
+    reduce_tensor,
+)
+from tunesmith.dist.sharding import Shard, shard_step, steps_in_plan
+from tunesmith.dist.strategy import Strategy
+from tunesmith.errors import ConfigError, TrainingError
 from tunesmith.models.acceleration import activation_offload
 from tunesmith.train.checkpoint import (
+    CheckpointState,
+    begin_checkpoint,
+    capture_rng,
+    check_weights,
+    checkpoint_tmp,
+    finish_checkpoint,
     latest_checkpoint,
-    load_checkpoint,
+    read_checkpoint,
+    restore_rng,
     rotate_checkpoints,
-    save_checkpoint,
 )
 from tunesmith.train.memory import MicroBatchSizer, out_of_memory_message
 from tunesmith.train.metrics import MetricsLog
@@ -66,37 +84,48 @@ class Trainer:
     def __init__(self, model: torch.nn.Module, objective: Objective,
                  train: list[EncodedSample], val: list[EncodedSample], cfg: TrainingConfig,
                  *, pad_id: int, device: torch.device, output_dir: Path,
-                 metrics: MetricsLog, checkpoint_extra: Any = None,
-                 flops_per_token: Any = None):
+                 metrics: MetricsLog | None, checkpoint_extra: Any = None,
+                 flops_per_token: Any = None, strategy: Strategy | None = None):
         self.model, self.objective, self.cfg = model, objective, cfg
         self.train, self.val = train, val
         self.pad_id, self.device, self.output_dir = pad_id, device, output_dir
-        self.metrics, self.checkpoint_extra = metrics, checkpoint_extra
+        self.metrics, self.checkpoint_extra = metrics, checkpoint_extra  # metrics: rank 0 only
+        self.strategy = strategy or Strategy("single", DistContext(device=device), cfg)
+        self.ctx = self.strategy.ctx
+        self.world = self.ctx.world_size
         self.accum = cfg.gradient_accumulation_steps
         self.bs = cfg.per_device_train_batch_size
-        self.steps_per_epoch = steps_per_epoch(len(train), self.bs, self.accum)
+        self.steps_per_epoch = steps_in_plan(math.ceil(len(train) / self.bs), self.accum,
+                                             self.world)
         self.total_steps = cfg.max_steps or math.ceil(cfg.num_train_epochs * self.steps_per_epoch)
+        self.strategy.wrap(model, objective)  # before the optimizer: FSDP2 shards parameters
         self.optimizer = build_optimizer(model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg, self.total_steps)
+        self.strategy.attach_optimizer(self.optimizer)
         self.amp_dtype = _amp_dtype(cfg, device)
-        self.scaler = (torch.amp.GradScaler("cuda", init_scale=2.0 ** 12)
-                       if self.amp_dtype == torch.float16 else None)
-        self.params = [p for p in model.parameters() if p.requires_grad]
+        own_scaler = self.amp_dtype == torch.float16 and self.strategy.name != "deepspeed"
+        self.scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 12) if own_scaler else None
         self.state = LoopState()
+        self.last_step_tokens = 0
         self.throughput = Throughput(device, flops_per_token)
+        if cfg.auto_batch_size and self.world > 1:
+            raise ConfigError("auto_batch_size: works in single-process runs only (every rank "
+                              "must take the same micro-batches); set "
+                              "per_device_train_batch_size for distributed training")
         self.sizer = (MicroBatchSizer(self.bs * self.accum, cfg.memory_threshold, device)
                       if cfg.auto_batch_size else None)
 
     # ----- data position -------------------------------------------------------------
-    def _step_batches(self) -> list[list[int]]:
-        """Sample indices of the micro-batches of the next optimizer step (advances state)."""
+    def _step_batches(self) -> list[Shard]:
+        """This rank's micro-batches of the next optimizer step (advances state);
+        `batch_in_epoch` counts plan entries, the same on every rank."""
         s = self.state
         order = epoch_batches(len(self.train), self.bs, s.epoch, self.cfg.seed)
-        chunk = order[s.batch_in_epoch:s.batch_in_epoch + self.accum]
+        chunk = order[s.batch_in_epoch:s.batch_in_epoch + self.accum * self.world]
         s.batch_in_epoch += len(chunk)
         if s.batch_in_epoch >= len(order):
             s.epoch, s.batch_in_epoch = s.epoch + 1, 0
-        return chunk
+        return shard_step(chunk, self.ctx.rank, self.world)
 
     # ----- one optimizer step --------------------------------------------------------
     def _autocast(self):
@@ -104,46 +133,46 @@ class Trainer:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def train_step(self, micro: list[Batch]) -> tuple[float, float]:
-        """One optimizer step over `micro`; returns (loss per trained token, grad norm)."""
-        n_targets = sum(b.n_targets for b in micro)
+    def train_step(self, micro: list[Batch], live: list[bool] | None = None
+                   ) -> tuple[float, float]:
+        """One optimizer step over this rank's `micro`-batches (`live[i]` False: a weight-0
+        filler). Returns (loss per trained token of the whole step over all ranks, grad
+        norm), the same on every rank; the step's real tokens over all ranks go to
+        `self.last_step_tokens`."""
+        live = live if live is not None else [True] * len(micro)
+        local_targets = sum(b.n_targets for b, ok in zip(micro, live, strict=True) if ok)
+        local_tokens = sum(b.n_tokens for b, ok in zip(micro, live, strict=True) if ok)
+        if self.ctx.distributed:  # global count before any backward, kept on the device
+            n_global = reduce_tensor([local_targets], self.ctx)[0]
+            factor: torch.Tensor | float = (self.world / n_global.clamp(min=1.0)).float()
+        else:
+            factor = 1.0 / max(local_targets, 1)
         total = torch.zeros((), device=self.device)
-        for batch in micro:
-            with self._autocast(), activation_offload(self.cfg.gradient_checkpointing,
-                                                      self.device):
-                loss_sum = self.objective.loss_sum(self.model, batch.to(self.device))
-            scaled = loss_sum / max(n_targets, 1)
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        for i, (batch, ok) in enumerate(zip(micro, live, strict=True)):
+            with self.strategy.micro_context(last=i == len(micro) - 1):
+                with self._autocast(), activation_offload(self.cfg.gradient_checkpointing,
+                                                          self.device):
+                    loss_sum = self.strategy.loss_module(batch.to(self.device))
+                scaled = loss_sum * (factor if ok else 0.0)  # a filler shard adds nothing
+                self.strategy.backward(self.scaler.scale(scaled) if self.scaler else scaled)
             total += scaled.detach().float()
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)
-        max_norm = self.cfg.max_grad_norm if self.cfg.max_grad_norm > 0 else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
-        loss, norm = float(total), float(grad_norm)  # one host sync per optimizer step
-        if math.isfinite(loss) and math.isfinite(norm):
-            if self.scaler:
-                self.scaler.step(self.optimizer)
-                self.scaler.update()
-            else:
-                self.optimizer.step()
+        loss, tokens = all_reduce_sum([float(total) / self.world, local_tokens], self.ctx)
+        self.last_step_tokens = int(tokens)
+        norm, stepped = self.strategy.finish_step(self.optimizer, self.scaler,
+                                                  self.cfg.max_grad_norm, math.isfinite(loss))
+        if stepped:
             self.scheduler.step()
             self.state.nonfinite_run = 0
         else:
-            if self.scaler:
-                self.scaler.update()  # lowers the loss scale
             self._count_nonfinite(loss, norm)
-        self.optimizer.zero_grad(set_to_none=True)
         return loss, norm
 
     def _count_nonfinite(self, loss: float, norm: float) -> None:
         s = self.state
         s.nonfinite_total += 1
         s.nonfinite_run += 1
-        log.warning("step %d: non-finite loss %s / grad norm %s; optimizer step skipped "
-                    "(%d in a row, %d in all)", s.step + 1, loss, norm, s.nonfinite_run,
-                    s.nonfinite_total)
-        self.metrics.write({"step": s.step + 1, "skipped_nonfinite": True, "loss_raw": loss,
-                            "grad_norm_raw": norm})
+        if self.ctx.is_main:
+            self._report_nonfinite(loss, norm)
         if s.nonfinite_run >= self.cfg.max_nonfinite_steps:
             last = latest_checkpoint(self.output_dir)
             keep = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
@@ -153,58 +182,108 @@ class Trainer:
                 "or a lower learning rate), a learning rate too high (lower learning_rate, add "
                 f"warmup), or corrupt data. {keep}; weights were never updated with NaN.")
 
+    def _report_nonfinite(self, loss: float, norm: float) -> None:
+        s = self.state
+        log.warning("step %d: non-finite loss %s / grad norm %s; optimizer step skipped "
+                    "(%d in a row, %d in all)", s.step + 1, loss, norm, s.nonfinite_run,
+                    s.nonfinite_total)
+        self._write_metrics({"step": s.step + 1, "skipped_nonfinite": True, "loss_raw": loss,
+                             "grad_norm_raw": norm})
+
+    def _write_metrics(self, record: dict[str, Any]) -> None:
+        if self.ctx.is_main and self.metrics is not None:
+            self.metrics.write(record)
+
     # ----- evaluation ----------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self) -> float | None:
+        """Mean loss per target token over the validation set, each rank taking a shard."""
         if not self.val:
             return None
-        self.model.eval()
-        total, count = 0.0, 0
+        self.strategy.loss_module.eval()
         bs = self.cfg.per_device_eval_batch_size
-        for i in range(0, len(self.val), bs):
-            batch = collate(self.val[i:i + bs], self.pad_id).to(self.device)
+        plan = [list(range(i, min(i + bs, len(self.val)))) for i in range(0, len(self.val), bs)]
+        total, count = 0.0, 0
+        for shard in shard_step(plan, self.ctx.rank, self.world):
+            batch = collate([self.val[i] for i in shard.indices], self.pad_id).to(self.device)
             with self._autocast():
-                total += float(self.objective.loss_sum(self.model, batch))
-            count += batch.n_targets
-        self.model.train()
+                loss = float(self.strategy.loss_module(batch))
+            if shard.live:
+                total, count = total + loss, count + batch.n_targets
+        self.strategy.loss_module.train()
+        total, count = all_reduce_sum([total, count], self.ctx)
         return total / max(count, 1)
 
-    # ----- checkpoints ---------------------------------------------------------------
+    # ----- checkpoints (every rank calls; rank 0 writes) -------------------------------
     def save(self) -> Path:
-        s = self.state
-        meta = {**asdict(s), "total_steps": self.total_steps}
-        opt = None if self.cfg.save_only_model else self.optimizer
-        path = save_checkpoint(self.output_dir, s.step, self.model, opt, self.scheduler,
-                               self.scaler, meta, self.checkpoint_extra)
-        rotate_checkpoints(self.output_dir, self.cfg.save_total_limit)
+        s, ctx = self.state, self.ctx
+        weights = self.strategy.trainable_state()
+        optim = None if self.cfg.save_only_model else self.strategy.optimizer_state(
+            self.optimizer)
+        rngs = gather_objects(capture_rng(), ctx)
+        if ctx.is_main:
+            begin_checkpoint(self.output_dir, s.step)
+        barrier(ctx)
+        self.strategy.save_engine_state(checkpoint_tmp(self.output_dir, s.step))
+        path = self.output_dir / f"checkpoint-{s.step}"
+        if ctx.is_main:
+            meta = {**asdict(s), "total_steps": self.total_steps, "world_size": self.world,
+                    "strategy": self.strategy.name}
+            sched = self.scheduler.state_dict() if optim is not None else None
+            scaler = self.scaler.state_dict() if self.scaler and optim is not None else None
+            state = CheckpointState(weights or {}, optim, sched, scaler, list(rngs or []), meta)
+            extra = (lambda folder: self.checkpoint_extra(folder, state_dict=weights)
+                     ) if self.checkpoint_extra else None
+            path = finish_checkpoint(self.output_dir, s.step, state, extra)
+            rotate_checkpoints(self.output_dir, self.cfg.save_total_limit)
+        barrier(ctx)  # nobody runs ahead of a checkpoint that is not on disk yet
         return path
 
     def resume(self, spec: str) -> None:
         path = latest_checkpoint(self.output_dir) if spec == "auto" else Path(spec)
+        path = broadcast_object(path, self.ctx)  # one decision for every rank
         if path is None:
             log.info("resume_from_checkpoint: auto found no checkpoint; starting fresh")
             return
-        meta = load_checkpoint(path, self.model, self.optimizer, self.scheduler, self.scaler)
+        ckpt = read_checkpoint(path)
+        trainable = [n for n, p in self.model.named_parameters() if p.requires_grad]
+        check_weights(path, ckpt.weights, trainable)
+        self.strategy.load_trainable(ckpt.weights)
+        if ckpt.optimizer is not None:
+            self.strategy.load_optimizer(self.optimizer, ckpt.optimizer)
+            self.scheduler.load_state_dict(ckpt.scheduler)
+            if self.scaler is not None and ckpt.scaler is not None:
+                self.scaler.load_state_dict(ckpt.scaler)
+        self.strategy.load_engine_state(path)
+        same_world = len(ckpt.rng) == self.world
+        restore_rng(ckpt.rng[self.ctx.rank if same_world else 0])
         fields = set(LoopState.__dataclass_fields__)
-        self.state = LoopState(**{k: v for k, v in meta.items() if k in fields})
+        self.state = LoopState(**{k: v for k, v in ckpt.meta.items() if k in fields})
+        saved_world = ckpt.meta.get("world_size", 1)
+        if saved_world != self.world and self.ctx.is_main:
+            log.warning("%s was written by %d rank(s), resuming on %d: the data plan continues "
+                        "where it stopped, but each optimizer step now takes %d micro-batches",
+                        path, saved_world, self.world, self.accum * self.world)
         log.info("resumed from %s at step %d", path, self.state.step)
-        print(f"resumed from {path} (step {self.state.step} of {self.total_steps})")
+        if self.ctx.is_main:
+            print(f"resumed from {path} (step {self.state.step} of {self.total_steps})")
 
     # ----- the loop --------------------------------------------------------------------
     def run(self) -> LoopResult:
         s, cfg = self.state, self.cfg
-        self.model.train()
+        self.strategy.loss_module.train()
         bar = tqdm(total=self.total_steps, initial=s.step, desc="train", unit="step",
-                   dynamic_ncols=True)
+                   dynamic_ncols=True, disable=not self.ctx.is_main)
         start = time.perf_counter() - s.elapsed
         eval_loss = None
         window_losses: list[float] = []
         while s.step < self.total_steps:
-            micro, (loss, norm) = self._run_step(self._step_batches())
+            micro, live, (loss, norm) = self._run_step(self._step_batches())
             s.step += 1
-            s.tokens_seen += sum(b.n_tokens for b in micro)
-            s.trained_tokens_seen += sum(b.n_targets for b in micro)
-            self.throughput.add_step(micro)
+            s.tokens_seen += self.last_step_tokens
+            s.trained_tokens_seen += sum(b.n_targets for b, ok in zip(micro, live, strict=True)
+                                         if ok)
+            self.throughput.add_step([b for b, ok in zip(micro, live, strict=True) if ok])
             if math.isfinite(loss):
                 window_losses.append(loss)
                 s.last_loss = loss
@@ -220,7 +299,19 @@ class Trainer:
         bar.close()
         if self.val and cfg.eval_strategy != "no":
             eval_loss = self._log_eval()
-        return LoopResult(s, self.total_steps, eval_loss, self.throughput.summary(s.elapsed))
+        perf = self.throughput.summary(s.elapsed)
+        return LoopResult(s, self.total_steps, eval_loss, self._global_perf(perf))
+
+    def _global_perf(self, perf: dict[str, Any]) -> dict[str, Any]:
+        """Per-rank throughput -> whole-run figures; MFU and memory stay per GPU."""
+        if not self.ctx.distributed:
+            return perf
+        tokens, trained = all_reduce_sum([perf["tokens"], perf["trained_tokens"]], self.ctx)
+        elapsed = perf["elapsed_s"] or 1.0
+        return {**perf, "world_size": self.world, "strategy": self.strategy.name,
+                "tokens": int(tokens), "trained_tokens": int(trained),
+                "tokens_per_s": tokens / elapsed, "trained_tokens_per_s": trained / elapsed,
+                "tokens_per_s_per_gpu": tokens / elapsed / self.world}
 
     def _collate_step(self, groups: list[list[int]]) -> list[Batch]:
         t0 = time.perf_counter()
@@ -228,13 +319,20 @@ class Trainer:
         self.throughput.add_data_wait(time.perf_counter() - t0)
         return micro
 
-    def _run_step(self, groups: list[list[int]]) -> tuple[list[Batch], tuple[float, float]]:
-        """Train one optimizer step; with auto_batch_size, re-split it smaller on OOM."""
-        indices = [i for g in groups for i in g]
+    def _run_step(self, shards: list[Shard]
+                  ) -> tuple[list[Batch], list[bool], tuple[float, float]]:
+        """Train one optimizer step from this rank's shards; with auto_batch_size (single
+        process), re-split its samples into smaller micro-batches on out-of-memory."""
+        indices = [i for sh in shards if sh.live for i in sh.indices]
         while True:
-            micro = self._collate_step(self.sizer.split(indices) if self.sizer else groups)
+            if self.sizer is not None:
+                groups = self.sizer.split(indices)
+                live = [True] * len(groups)
+            else:
+                groups, live = [sh.indices for sh in shards], [sh.live for sh in shards]
+            micro = self._collate_step(groups)
             try:
-                result = self.train_step(micro)
+                result = self.train_step(micro, live)
             except torch.OutOfMemoryError:
                 self.optimizer.zero_grad(set_to_none=True)
                 del micro
@@ -244,10 +342,10 @@ class Trainer:
                     continue
                 raise TrainingError(out_of_memory_message(
                     self.cfg, self.device, max(len(g) for g in groups),
-                    max(len(self.train[i]) for i in indices))) from None
+                    max((len(self.train[i]) for i in indices), default=0))) from None
             if self.sizer is not None:
                 self.sizer.check_peak()
-            return micro, result
+            return micro, live, result
 
     def _log(self, losses: list[float], norm: float, bar: tqdm) -> None:
         s = self.state
@@ -261,14 +359,17 @@ class Trainer:
                   "elapsed_s": round(s.elapsed, 3), "eta_s": round(remaining, 1),
                   "peak_mem_gb": self.throughput.peak_memory_gb(),
                   "total_steps": self.total_steps}
-        self.metrics.write(record)
-        bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{rate['tokens_per_s']:.0f}")
+        if self.world > 1:  # this rank's rate x ranks (shards are near equal in size)
+            record["tokens_per_s"] *= self.world
+            record["trained_tokens_per_s"] *= self.world
+        self._write_metrics(record)
+        bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
 
     def _log_eval(self) -> float | None:
         loss = self.evaluate()
-        if loss is not None:
+        if loss is not None and self.ctx.is_main:
             ppl = math.exp(min(loss, 50.0))
-            self.metrics.write({"step": self.state.step, "eval_loss": loss, "eval_ppl": ppl})
+            self._write_metrics({"step": self.state.step, "eval_loss": loss, "eval_ppl": ppl})
             tqdm.write(f"step {self.state.step}: eval loss {loss:.4f} (perplexity {ppl:.2f})")
         return loss
 

@@ -1,0 +1,1 @@
+"""Distributed training: launch (torchrun), process group, data sharding, strategy wrapping."""

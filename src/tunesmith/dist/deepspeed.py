@@ -1,0 +1,188 @@
+"""DeepSpeed ZeRO-2/3 (with CPU offload) as a strategy. The only module importing deepspeed.
+
+    deepspeed.initialize(model=LossModule(model), optimizer=tunesmith's AdamW, config)
+    per micro-batch:  set_gradient_accumulation_boundary(last); engine(batch);
+                      engine.backward(loss, scale_wrt_gas=False)   # the loop normalises
+    per step:         engine.step()   (clips with gradient_clipping = max_grad_norm)
+
+The JSON config's "auto" values are filled from the YAML (micro-batch, accumulation,
+clipping, bf16/fp16), so one YAML drives every strategy; values that contradict the YAML
+are errors. Optimizer and schedule come from the YAML, never from the JSON. Checkpoints
+hold DeepSpeed's own sharded state (deepspeed/) next to the gathered trainable weights.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tunesmith.config.schema import TrainingConfig
+from tunesmith.dist.context import DistContext
+from tunesmith.dist.strategy import LossModule, Strategy
+from tunesmith.errors import ConfigError, TrainingError
+
+log = logging.getLogger(__name__)
+ENGINE_DIR, TAG = "deepspeed", "state"
+OPTIMIZER_MARKER = {"deepspeed": True}  # optimizer.pt of a DeepSpeed checkpoint
+# ZeRO sizes that "auto" sets from the model's hidden size h (the usual heuristics:
+# buckets of about one h x h matrix; parameters below 10 h elements stay unpartitioned)
+SIZED_BY_HIDDEN = {"reduce_bucket_size": lambda h: h * h,
+                   "stage3_prefetch_bucket_size": lambda h: int(0.9 * h * h),
+                   "stage3_param_persistence_threshold": lambda h: 10 * h}
+
+
+def import_deepspeed() -> Any:
+    try:
+        import deepspeed
+    except ImportError:
+        raise ConfigError("deepspeed: the deepspeed package is not installed; pip install "
+                          "'tunesmith[deepspeed]', or remove the deepspeed key to use DDP/FSDP2"
+                          ) from None
+    return deepspeed
+
+
+def load_ds_config(cfg: TrainingConfig, ctx: DistContext) -> dict[str, Any]:
+    """The DeepSpeed JSON with "auto" values resolved from the YAML."""
+    path = Path(cfg.deepspeed)
+    try:
+        conf = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"deepspeed: {str(path)!r} does not exist; give a DeepSpeed JSON such "
+                          "as examples/deepspeed/ds_z3_config.json") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"deepspeed: {path}:{exc.lineno} is not valid JSON: {exc.msg}") from None
+    for owned in ("optimizer", "scheduler"):
+        if owned in conf:
+            raise ConfigError(f"deepspeed: {path} has an {owned!r} section; tunesmith builds the "
+                              "optimizer and learning-rate schedule from the YAML (learning_rate, "
+                              f"lr_scheduler_type, ...): remove {owned!r} from the JSON")
+    bs, accum = cfg.per_device_train_batch_size, cfg.gradient_accumulation_steps
+    wanted = {"train_micro_batch_size_per_gpu": bs, "gradient_accumulation_steps": accum,
+              "train_batch_size": bs * accum * ctx.world_size,
+              "gradient_clipping": cfg.max_grad_norm}
+    for key, value in wanted.items():
+        given = conf.get(key, "auto")
+        if given != "auto" and given != value:
+            raise ConfigError(f"deepspeed: {path} sets {key}={given!r} but the YAML gives "
+                              f"{value!r}; set it to \"auto\" (filled from the YAML)")
+        conf[key] = value
+    on_gpu = ctx.device.type == "cuda"
+    for key, flag in (("bf16", cfg.bf16 and on_gpu), ("fp16", cfg.fp16 and on_gpu)):
+        section = conf.setdefault(key, {})
+        if section.get("enabled", "auto") == "auto":
+            section["enabled"] = flag
+    zero = conf.setdefault("zero_optimization", {})
+    unknown = [k for k, v in zero.items() if v == "auto" and k not in SIZED_BY_HIDDEN]
+    for key in unknown:
+        del zero[key]  # DeepSpeed's own default
+    if "offload_optimizer" in zero:
+        conf.setdefault("zero_force_ds_cpu_optimizer", False)  # tunesmith's AdamW on the CPU
+    conf.setdefault("zero_allow_untested_optimizer", True)
+    conf.setdefault("steps_per_print", 10**9)
+    return conf
+
+
+class DeepSpeedStrategy(Strategy):
+    def __init__(self, ctx: DistContext, cfg: TrainingConfig):
+        super().__init__("deepspeed", ctx, cfg)
+        self.ds = import_deepspeed()
+        self.conf = load_ds_config(cfg, ctx)
+        self.stage = int(self.conf["zero_optimization"].get("stage", 0))
+        self.engine: Any = None
+
+    def wrap(self, model: torch.nn.Module, objective: Any) -> None:
+        hidden = int(getattr(model.config, "hidden_size", 0) or 0)
+        zero = self.conf["zero_optimization"]
+        for key, size in SIZED_BY_HIDDEN.items():
+            if zero.get(key) == "auto":
+                if hidden:
+                    zero[key] = size(hidden)
+                else:
+                    del zero[key]
+        self.model, self.inner = model, LossModule(model, objective)
+        self.loss_module = self.inner  # replaced by the engine in attach_optimizer
+        if self.stage == 3:
+            from tunesmith.models.loader import split_causal_lm
+
+            # the loss reads the head's weight outside the head's forward: ZeRO-3 must
+            # fetch it for the LossModule's forward and backward
+            _, head = split_causal_lm(model)
+            self.ds.zero.register_external_parameter(self.inner, head.weight)
+
+    def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        self.engine, _, _, _ = self.ds.initialize(model=self.inner, optimizer=optimizer,
+                                                  config=self.conf, dist_init_required=False)
+        self.loss_module = self.engine
+
+    def micro_context(self, last: bool) -> AbstractContextManager:
+        self.engine.set_gradient_accumulation_boundary(last)
+        return nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss, scale_wrt_gas=False)
+
+    def finish_step(self, optimizer: torch.optim.Optimizer, scaler: Any, max_norm: float,
+                    loss_ok: bool) -> tuple[float, bool]:
+        if not loss_ok:
+            raise TrainingError("non-finite loss under DeepSpeed: its reduced gradients cannot be "
+                                "dropped without stepping, so the run stops before the weights "
+                                "take it; lower learning_rate, use bf16, or check the data")
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return (float(norm) if norm is not None else float("nan")), self.engine.was_step_applied()
+
+    # ----- state ---------------------------------------------------------------------------
+    def _collect(self, only_trainable: bool) -> dict[str, torch.Tensor] | None:
+        out: dict[str, torch.Tensor] = {}
+        for name, p in self.model.named_parameters():  # type: ignore[union-attr]
+            if only_trainable and not p.requires_grad:
+                continue
+            if self.stage == 3:  # one tensor at a time: never the whole model on one GPU
+                with self.ds.zero.GatheredParameters([p], modifier_rank=None):
+                    if self.ctx.is_main:
+                        out[name] = p.detach().contiguous().cpu().clone()
+            elif self.ctx.is_main:
+                out[name] = p.detach().contiguous().cpu()
+        if not only_trainable and self.ctx.is_main:
+            kept = set(self.model.state_dict())  # type: ignore[union-attr]  # persistent only
+            for name, b in self.model.named_buffers():  # type: ignore[union-attr]
+                if name in kept:
+                    out.setdefault(name, b.detach().cpu())
+        return out if self.ctx.is_main else None
+
+    def trainable_state(self) -> dict[str, torch.Tensor] | None:
+        return self._collect(only_trainable=True)
+
+    def full_state(self) -> dict[str, torch.Tensor] | None:
+        return self._collect(only_trainable=False) if self.stage == 3 else None
+
+    def export_state(self, adapter: bool) -> dict[str, torch.Tensor] | None:
+        if self.stage != 3:
+            return None  # every rank holds whole parameters: the model saves itself
+        return self.trainable_state() if adapter else self.full_state()
+
+    def optimizer_state(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        return dict(OPTIMIZER_MARKER) if self.ctx.is_main else None  # state: save_engine_state
+
+    def save_engine_state(self, folder: Any) -> None:
+        self.engine.save_checkpoint(str(Path(folder) / ENGINE_DIR), tag=TAG, save_latest=False)
+
+    def load_trainable(self, weights: dict[str, torch.Tensor]) -> None:
+        """Weights come back with the engine state (load_engine_state), fp32 masters included."""
+
+    def load_optimizer(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
+        """Held in the engine state."""
+
+    def load_engine_state(self, path: Any) -> None:
+        folder = Path(path) / ENGINE_DIR
+        if not folder.is_dir():
+            raise TrainingError(f"resume_from_checkpoint: {path} was not written under DeepSpeed "
+                                "(no deepspeed/ folder), so it cannot resume a DeepSpeed run; "
+                                "resume it with the strategy that wrote it")
+        self.engine.load_checkpoint(str(folder), tag=TAG, load_module_strict=False,
+                                    load_lr_scheduler_states=False)
