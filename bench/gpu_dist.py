@@ -91,7 +91,7 @@ def run_case(a: argparse.Namespace) -> None:
     from tunesmith.recipes.sft import apply_speed_settings
 
     # LoRA cases use regional compilation, tunesmith's fastest single-GPU setting
-    compile_layers = ft == "lora" and not a.tiny and not a.no_compile
+    compile_layers = compile_layers_used(ft, a)
     apply_speed_settings(model, Config(model=ModelConfig(torch_compile=compile_layers),
                                        training=cfg))
     result = train(model, cfg, ctx, build_strategy(cfg, ctx), seq, mb, ft, a)
@@ -151,7 +151,7 @@ def train(model, cfg, ctx, strategy, seq: int, mb: int, ft: str, a) -> dict:
     return {"case": a.case, "gpus": ctx.world_size, "strategy": strategy.name,
             "finetuning_type": ft, "micro_batch": mb, "seq_len": seq,
             "gradient_checkpointing": bool(a.checkpointing), "warmup_steps": a.warmup,
-            "torch_compile": ft == "lora" and not a.tiny and not a.no_compile,
+            "torch_compile": compile_layers_used(ft, a),
             "timed_steps": a.steps, "step_s": round(step_s, 4),
             "tokens_per_s": round(tokens_per_gpu * ctx.world_size, 1),
             "tokens_per_s_per_gpu": round(tokens_per_gpu, 1),
@@ -208,6 +208,10 @@ def drive(a: argparse.Namespace) -> int:
     return 0 if all(r.get("status") == "ok" for r in results) else 1
 
 
+def compile_layers_used(ft: str, a: argparse.Namespace) -> bool:
+    return (ft == "lora" or a.compile_full) and not a.tiny and not a.no_compile
+
+
 def drive_case(name: str, a: argparse.Namespace, env: dict, left: float,
                checkpointing: bool) -> dict:
     nproc, strategy, _, _ = CASES[name]
@@ -221,6 +225,7 @@ def drive_case(name: str, a: argparse.Namespace, env: dict, left: float,
     argv += ["--tiny"] if a.tiny else []
     argv += ["--checkpointing"] if checkpointing else []
     argv += ["--no-compile"] if a.no_compile else []
+    argv += ["--compile-full"] if a.compile_full else []
     from tunesmith.dist.launch import free_port
 
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
@@ -310,6 +315,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpointing", action="store_true", help="gradient checkpointing")
     p.add_argument("--budget", type=float, default=500.0, help="seconds for all cases")
     p.add_argument("--no-compile", action="store_true", help="LoRA cases without torch.compile")
+    p.add_argument("--compile-full", action="store_true", help="compile full fine-tuning too")
     p.add_argument("--case-timeout", type=float, default=170.0)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
