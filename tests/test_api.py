@@ -7,8 +7,8 @@ import json
 import httpx
 import openai
 import pytest
-from server_thread import running_server
 
+from server_thread import running_server
 from tunesmith.infer.engine import GenerationParams, HFEngine
 from tunesmith.serve.app import ServerSettings, create_app
 

@@ -13,8 +13,8 @@ import platform
 import time
 
 import openai
-from server_thread import running_server
 
+from server_thread import running_server
 from tunesmith.infer.engine import GenerationParams, HFEngine
 from tunesmith.serve.app import ServerSettings, create_app
 
