@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import httpx
 import openai
@@ -196,3 +197,61 @@ def test_cors_only_when_configured(base_url, auth_url):
     other = httpx.options(f"{auth_url}/chat/completions", timeout=30, headers={
         "Origin": "http://evil.example", "Access-Control-Request-Method": "POST"})
     assert "access-control-allow-origin" not in other.headers
+
+
+def test_a_client_leaving_mid_stream_cancels_its_generation(base_url, client, engine):
+    body = {"model": NAME, "messages": HELLO, "max_tokens": 400, "stream": True,
+            "temperature": 0}
+    with httpx.stream("POST", f"{base_url}/chat/completions", json=body, timeout=60) as r:
+        next(r.iter_lines())  # generation has started; now hang up
+    ok = client.chat.completions.create(model=NAME, messages=HELLO, max_tokens=10,
+                                        temperature=0)
+    assert ok.choices[0].message.content == greedy(engine, HELLO)
+
+
+class GatedEngine:
+    """The real engine, except that streams wait for `gate` before their first token."""
+
+    def __init__(self, engine: HFEngine):
+        self.engine, self.gate, self.started = engine, threading.Event(), threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def stream_ids(self, ids, params):
+        self.started.set()
+        self.gate.wait(timeout=60)
+        yield from self.engine.stream_ids(ids, params)
+
+
+def test_a_full_queue_answers_503_and_the_queue_drains(engine):
+    gated = GatedEngine(engine)
+    body = {"model": NAME, "messages": HELLO, "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with running_server(create_app(gated, ServerSettings(NAME, max_queue=1))) as url, \
+            httpx.Client(timeout=60) as http:
+        with http.stream("POST", f"{url}/chat/completions", json=body) as running:
+            assert gated.started.wait(30)  # the worker holds this one
+            with http.stream("POST", f"{url}/chat/completions", json=body) as waiting:
+                assert waiting.status_code == 200  # queued behind it
+                third = http.post(f"{url}/chat/completions", json=body)
+                assert third.status_code == 503
+                assert third.json()["error"]["code"] == "server_busy"
+                gated.gate.set()
+                for r in (running, waiting):
+                    lines = [x for x in r.iter_lines() if x]
+                    assert lines[-1] == "data: [DONE]"
+                    usage = json.loads(lines[-2].removeprefix("data: "))["usage"]
+                    assert 1 <= usage["completion_tokens"] <= 4
+
+
+def test_request_bodies_are_not_logged(client, caplog):
+    secret = "TOP-SECRET-PAYLOAD-42"
+    caplog.set_level("DEBUG")
+    client.chat.completions.create(model=NAME, max_tokens=2,
+                                   messages=[{"role": "user", "content": secret}])
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=NAME, temperature=9,
+                                       messages=[{"role": "user", "content": secret}])
+    assert caplog.records  # the client and server did log something
+    assert not any(secret in r.getMessage() for r in caplog.records)
