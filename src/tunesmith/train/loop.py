@@ -25,6 +25,7 @@ from tunesmith.config.schema import TrainingConfig
 from tunesmith.data.batching import Batch, collate, epoch_batches, steps_per_epoch
 from tunesmith.data.encode import EncodedSample
 from tunesmith.errors import TrainingError
+from tunesmith.models.acceleration import activation_offload
 from tunesmith.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -104,7 +105,8 @@ class Trainer:
         n_targets = sum(b.n_targets for b in micro)
         total = torch.zeros((), device=self.device)
         for batch in micro:
-            with self._autocast():
+            with self._autocast(), activation_offload(self.cfg.gradient_checkpointing,
+                                                      self.device):
                 loss_sum = self.objective.loss_sum(self.model, batch.to(self.device))
             scaled = loss_sum / max(n_targets, 1)
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()

@@ -22,6 +22,17 @@ class Objective(Protocol):
     def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor: ...
 
 
+def trunk_inputs(batch: Batch) -> dict:
+    """Keyword inputs of the decoder trunk for a batch: padded batches pass their attention
+    mask; packed (padding-free) batches pass restarting position ids and the segment
+    boundaries that varlen attention reads (transformers forwards them to it)."""
+    cu = getattr(batch, "cu_seqlens", None)
+    if cu is None:
+        return {"attention_mask": batch.attention_mask}
+    return {"position_ids": batch.position_ids, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+            "max_length_q": batch.max_seqlen, "max_length_k": batch.max_seqlen}
+
+
 class NextTokenObjective:
     """Cross-entropy on the trained next tokens (SFT: assistant tokens; pt: all tokens),
     computed from hidden states so the full logits are never materialised."""
@@ -31,8 +42,7 @@ class NextTokenObjective:
 
     def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         trunk, head = split_causal_lm(model)
-        out = trunk(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    use_cache=False)
+        out = trunk(input_ids=batch.input_ids, use_cache=False, **trunk_inputs(batch))
         hidden = out.last_hidden_state  # [B, T, H]
         rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index)  # [K, H]
         if getattr(head, "bias", None) is not None:  # rare; the plain path handles the bias
