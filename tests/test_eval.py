@@ -195,3 +195,22 @@ def test_letter_predictor_batches_like_single_prompts(engine, tmp_path):
                                 s.questions[0], "en")  # a much shorter prompt: padding
     predict = letter_predictor(engine)
     assert predict(prompts) == [predict([p])[0] for p in prompts]
+
+
+def test_fewshot_template_scores_the_spaced_letter(tiny_llama_dir, tmp_path):
+    from tunesmith.evaluation.runner import answer_tokens
+
+    plain = HFEngine(str(tiny_llama_dir), template="fewshot")
+    text = plain.renderer.prompt_text([{"role": "user", "content": "Q1\nAnswer:"},
+                                       {"role": "assistant", "content": "B"},
+                                       {"role": "user", "content": "Q2\nAnswer:"}])
+    assert text == "Q1\nAnswer: B\n\nQ2\nAnswer:"
+    shared, ids = answer_tokens(plain)
+    tok = plain.tokenizer
+    assert [tok.decode(shared + [i]) for i in ids] == [" A", " B", " C", " D"]
+    chat_shared, chat_ids = answer_tokens(HFEngine(str(tiny_llama_dir)))
+    assert chat_shared == [] and [tok.decode([i]) for i in chat_ids] == list("ABCD")
+    write_mmlu(tmp_path)
+    cfg = _cfg(tiny_llama_dir, task="mmlu_test", task_dir=str(tmp_path), n_shot=2,
+               template="fewshot")
+    assert run_eval(cfg, plain)["overall"]["count"] == 7

@@ -153,18 +153,41 @@ def evaluate_predictions(cfg: Config, engine: HFEngine) -> dict[str, Any]:
     return results
 
 
+def answer_tokens(engine: HFEngine) -> tuple[list[int], list[int]]:
+    """How the answers "A".."D" begin under the engine's chat template, as (tokens all four
+    share, the first token where they differ): "A" right after a chat template's assistant
+    header; " A" (or " " then "A" in a small vocabulary) after "Answer:" in the plain
+    few-shot template. Found by rendering a turn with and without the answer."""
+    tok = engine.tokenizer
+    probe = [{"role": "user", "content": "Question"}]
+    prompt = engine.encode_chat(probe)
+    answers = []
+    for letter in LETTERS:
+        text = engine.renderer.render_messages(probe + [{"role": "assistant",
+                                                         "content": letter}])
+        full = tok(text, add_special_tokens=False)["input_ids"]
+        prefix_ok = full[:len(prompt)] == prompt and len(full) > len(prompt)
+        answers.append(full[len(prompt):] if prefix_ok else
+                       tok.encode(letter, add_special_tokens=False))
+    shared = 0
+    while all(len(a) > shared + 1 for a in answers) and len({a[shared] for a in answers}) == 1:
+        shared += 1
+    ids = [a[shared] for a in answers]
+    if len(set(ids)) != len(LETTERS):
+        raise DataError(f"the answers A-D cannot be told apart by one token under template "
+                        f"{engine.renderer.name!r}; this model cannot be scored by letter")
+    return answers[0][:shared], ids
+
+
 def letter_predictor(engine: HFEngine) -> Predictor:
     """Answers a batch of question prompts with the letter whose token is likeliest next
     (one forward pass per batch, left padding, only the last position's logits)."""
     tok = engine.tokenizer
-    letter_ids = [tok.encode(letter, add_special_tokens=False)[-1] for letter in LETTERS]
-    if len(set(letter_ids)) != len(LETTERS):
-        raise DataError("the tokenizer maps the option letters A-D to the same token; this "
-                        "model cannot be scored by letter")
+    shared, letter_ids = answer_tokens(engine)
     limit = engine.max_length
 
     def predict(batch: list[list[dict[str, str]]]) -> list[str]:
-        prompts = [engine.encode_chat(m) for m in batch]
+        prompts = [engine.encode_chat(m) + shared for m in batch]
         if limit and any(len(p) > limit for p in prompts):
             log.warning("benchmark prompt longer than the model's %d tokens: keeping its end; "
                         "lower n_shot", limit)
