@@ -40,6 +40,9 @@ def greedy(engine: HFEngine, messages, n_tokens: int = 10) -> str:
 
 def test_models_reports_the_served_name(client):
     assert [m.id for m in client.models.list().data] == [NAME]
+    assert client.models.retrieve(NAME).id == NAME
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("someone-else")
 
 
 def test_chat_matches_the_engine_and_counts_usage(client, engine):

@@ -233,6 +233,13 @@ def create_app(engine: HFEngine, settings: ServerSettings) -> Any:
     async def list_models() -> Any:
         return service.models()
 
+    @app.get("/v1/models/{model_id:path}")
+    async def get_model(model_id: str) -> Any:
+        if model_id != settings.model_name:
+            raise APIError(404, f"model {model_id!r} is not served here; this server serves "
+                           f"{settings.model_name!r}", param="model", code="model_not_found")
+        return service.models()["data"][0]
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: HTTPRequest) -> Any:
         return await service.chat(await request.body())
