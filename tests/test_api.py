@@ -221,17 +221,18 @@ class GatedEngine:
     def __getattr__(self, name):
         return getattr(self.engine, name)
 
-    def stream_ids(self, ids, params):
+    def stream_batch(self, prompts, params, cancelled):
         self.started.set()
         self.gate.wait(timeout=60)
-        yield from self.engine.stream_ids(ids, params)
+        yield from self.engine.stream_batch(prompts, params, cancelled)
 
 
 def test_a_full_queue_answers_503_and_the_queue_drains(engine):
     gated = GatedEngine(engine)
     body = {"model": NAME, "messages": HELLO, "max_tokens": 4, "stream": True,
             "stream_options": {"include_usage": True}}
-    with running_server(create_app(gated, ServerSettings(NAME, max_queue=1))) as url, \
+    settings = ServerSettings(NAME, max_queue=1, max_batch=1)
+    with running_server(create_app(gated, settings)) as url, \
             httpx.Client(timeout=60) as http:
         with http.stream("POST", f"{url}/chat/completions", json=body) as running:
             assert gated.started.wait(30)  # the worker holds this one

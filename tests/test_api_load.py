@@ -1,8 +1,8 @@
 """Bounded load test: 32 concurrent streaming clients x 4 requests against the tiny model.
 
 Every stream must be well formed (role first, one finish reason, usage last, the text the
-model gives that prompt alone: outputs of concurrent requests never mix) and no request may
-fail. requests/s and p50/p95 latency are printed and written to load_test.json.
+model gives that prompt alone: outputs of concurrent, dynamically batched requests never
+mix) and no request may fail. requests/s and p50/p95 latency are printed and written to load_test.json.
 """
 
 from __future__ import annotations
@@ -68,8 +68,10 @@ def test_32_streaming_clients_x_4_requests(tiny_llama_dir, tmp_path):
     expected = {p: engine.generate([{"role": "user", "content": p}],
                                    GenerationParams(MAX_TOKENS, temperature=0)) for p in PROMPTS}
     assert len(set(expected.values())) > 1  # distinct answers, so mixing would show
-    with running_server(create_app(engine, ServerSettings(NAME))) as url:
+    app = create_app(engine, ServerSettings(NAME))
+    with running_server(app) as url:
         results, wall = asyncio.run(_load(url))
+    assert app.state.worker.largest_batch > 1  # waiting streams were batched together
     assert len(results) == CLIENTS * REQUESTS_EACH
     for prompt, _, text, usage in results:
         assert text == expected[prompt], prompt
@@ -81,6 +83,7 @@ def test_32_streaming_clients_x_4_requests(tiny_llama_dir, tmp_path):
                "p50_latency_s": round(_percentile(latencies, 0.50), 4),
                "p95_latency_s": round(_percentile(latencies, 0.95), 4),
                "completion_tokens": sum(r[3]["completion_tokens"] for r in results),
+               "largest_batch": app.state.worker.largest_batch,
                "machine": f"{platform.machine()} {platform.processor() or ''}".strip()}
     (tmp_path / "load_test.json").write_text(json.dumps(figures, indent=2))
     print(f"\nload test ({tmp_path / 'load_test.json'}): {json.dumps(figures)}")

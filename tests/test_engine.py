@@ -143,3 +143,24 @@ def test_chat_cli_answers_once_and_refuses_an_empty_prompt(tiny_llama_dir, capsy
     assert main(["chat", "--model_name_or_path", str(tiny_llama_dir), "--adapter_name_or_path",
                  str(tiny_llama_dir / "missing"), "--prompt", "hi"]) == 1
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_batched_streams_keep_their_own_limits_stops_and_cancellation(engine):
+    prompts = [engine.encode_chat(c) for c in CONVS]
+    alone = [list(engine.stream_ids(p, GREEDY)) for p in prompts]
+    texts = ["".join(c.text for c in chunks) for chunks in alone]
+    stop = texts[1][3:5]
+    params = [GenerationParams(5, temperature=0), GenerationParams(12, temperature=0,
+                                                                   stop=[stop]), GREEDY]
+    cancel = [threading.Event() for _ in prompts]
+    rows: dict[int, list] = {0: [], 1: [], 2: []}
+    for i, chunk in engine.stream_batch(prompts, params, cancel):
+        rows[i].append(chunk)
+        if i == 2 and len(rows[2]) == 2:
+            cancel[2].set()  # this client hangs up; the others go on
+    short = list(engine.stream_ids(prompts[0], params[0]))
+    assert "".join(c.text for c in rows[0]) == "".join(c.text for c in short)
+    assert rows[0][-1].completion_tokens == short[-1].completion_tokens <= 5
+    assert "".join(c.text for c in rows[1]) == texts[1][: texts[1].find(stop)]
+    assert rows[1][-1].finish_reason == "stop"
+    assert len(rows[2]) == 2 and all(c.finish_reason is None for c in rows[2])

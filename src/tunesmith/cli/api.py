@@ -28,6 +28,8 @@ def api_parser() -> argparse.ArgumentParser:
     p.add_argument("--cors_origins", default="",
                    help="comma-separated origins allowed by CORS (default: CORS off)")
     p.add_argument("--max_queue", type=int, default=256, help="requests waiting at most")
+    p.add_argument("--max_batch_size", type=int, default=16,
+                   help="streams with the same sampling settings generated together at most")
     p.add_argument("--max_model_len", type=int, default=0,
                    help="context length in tokens (0: the model's)")
     p.add_argument("--max_tokens", type=int, default=512,
@@ -47,15 +49,17 @@ def cmd_api(args: list[str]) -> int:
     ns = api_parser().parse_args(args)
     if ns.port < 0 or ns.port > 65535:
         raise ConfigError(f"--port {ns.port} is not a TCP port (0..65535)")
-    if ns.max_queue < 1 or ns.max_tokens < 1 or ns.max_model_len < 0:
-        raise ConfigError("--max_queue and --max_tokens must be >= 1, --max_model_len >= 0")
+    if min(ns.max_queue, ns.max_tokens, ns.max_batch_size) < 1 or ns.max_model_len < 0:
+        raise ConfigError("--max_queue, --max_tokens and --max_batch_size must be >= 1, "
+                          "--max_model_len >= 0")
     setup_process()
     engine = engine_from_args(ns)
     key = ns.api_key or api_key()
     settings = ServerSettings(
         model_name=ns.served_model_name or engine.name, api_key=key,
         cors_origins=[o.strip() for o in ns.cors_origins.split(",") if o.strip()],
-        max_queue=ns.max_queue, max_model_len=ns.max_model_len, default_max_tokens=ns.max_tokens)
+        max_queue=ns.max_queue, max_batch=ns.max_batch_size, max_model_len=ns.max_model_len,
+        default_max_tokens=ns.max_tokens)
     if not key and not is_loopback(ns.host):
         log.warning("serving on %s without an API key: anyone who can reach this address can "
                     "use the model; set API_KEY or --api_key", ns.host)

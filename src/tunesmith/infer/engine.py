@@ -8,6 +8,8 @@ as one left-padded batch.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import logging
 import threading
@@ -159,40 +161,45 @@ class HFEngine:
         The last chunk carries finish_reason ("stop": end-of-sequence token or stop string;
         "length": max_new_tokens reached) and the number of generated tokens.
         """
-        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)  # [1, T]
-        streamer, cancel = TokenQueue(), threading.Event()
-        kwargs = self._generate_kwargs(params, ids, torch.ones_like(ids), cancel)
+        rows = self.stream_batch([prompt_ids], [params], [threading.Event()])
+        with contextlib.closing(rows):
+            for _, chunk in rows:
+                yield chunk
+
+    def stream_batch(self, prompts: list[list[int]], params: list[GenerationParams],
+                     cancelled: list[threading.Event]) -> Iterator[tuple[int, Chunk]]:
+        """Stream several prompts through one left-padded generate call, as (row, chunk).
+
+        Rows share the sampling settings of params[0] (temperature, top_p, top_k,
+        repetition_penalty, seed); max_new_tokens and stop strings are per row. A row whose
+        `cancelled` event is set is dropped; generation stops once every row has finished or
+        been dropped (or the iterator is closed). Each row's last chunk carries its
+        finish_reason and token count.
+        """
+        ids, mask = self._left_pad(prompts)
+        longest = max(p.max_new_tokens for p in params)
+        shared = dataclasses.replace(params[0], max_new_tokens=longest)
+        streamer, stop_all = TokenQueue(), threading.Event()
+        kwargs = self._generate_kwargs(shared, ids, mask, stop_all)
         kwargs["streamer"] = streamer
         errors: list[BaseException] = []
-
-        def work() -> None:
-            try:
-                self._run_generate(kwargs, params.seed)
-            except BaseException as exc:  # surfaced in the caller's thread
-                errors.append(exc)
-                streamer.end()
-
-        thread = threading.Thread(target=work, daemon=True, name="tunesmith-generate")
-        thread.start()
-        text = TextAssembler(self.tokenizer, params.stop, self.eos_ids)
-        received = 0
+        thread = self._start_generate(kwargs, shared.seed, streamer, errors)
+        rows = [_Row(TextAssembler(self.tokenizer, p.stop, self.eos_ids), p.max_new_tokens)
+                for p in params]
         try:
-            for new in streamer:
-                received += len(new)
-                piece = text.add(new)
-                if piece:
-                    yield Chunk(piece)
-                if text.stopped:
+            for new in streamer:  # one new token per row
+                for i, token in enumerate(new):
+                    yield from _advance(i, rows[i], token, cancelled[i])
+                if all(r.done for r in rows):
                     break
         finally:
-            cancel.set()  # stop string, or the caller closed us early
+            stop_all.set()  # every row done, or the caller closed us early
             thread.join()
         if errors:
             raise errors[0]
-        tail = text.flush()
-        reason: FinishReason = "stop" if text.stopped or received < params.max_new_tokens \
-            else "length"
-        yield Chunk(tail, reason, received)
+        for i, row in enumerate(rows):  # generate ended first (end-of-sequence everywhere)
+            if not row.done and not cancelled[i].is_set():
+                yield i, row.finish()
 
     # -- batches ------------------------------------------------------------------------
     def generate_batch(self, prompts: list[list[int]], params: GenerationParams
@@ -200,14 +207,9 @@ class HFEngine:
         """Generate for several prompts at once (left padding); one Completion per prompt."""
         if not prompts:
             return []
-        width = max(len(p) for p in prompts)
-        pad = self.tokenizer.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts],
-                           dtype=torch.long, device=self.device)  # [B, T]
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
-                            dtype=torch.long, device=self.device)  # [B, T]
+        ids, mask = self._left_pad(prompts)
         kwargs = self._generate_kwargs(params, ids, mask, threading.Event())
-        out = self._run_generate(kwargs, params.seed)[:, width:].tolist()  # [B, new]
+        out = self._run_generate(kwargs, params.seed)[:, ids.shape[1]:].tolist()  # [B, new]
         results = []
         for prompt, new in zip(prompts, out, strict=True):
             text = TextAssembler(self.tokenizer, params.stop, self.eos_ids)
@@ -225,6 +227,29 @@ class HFEngine:
         return self.generate_batch([self.encode_chat(m) for m in conversations], params)
 
     # -- internals ----------------------------------------------------------------------
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids and attention mask, [B, T], padded on the left."""
+        width = max(len(p) for p in prompts)
+        pad = self.tokenizer.pad_token_id
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts],
+                           dtype=torch.long, device=self.device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts],
+                            dtype=torch.long, device=self.device)
+        return ids, mask
+
+    def _start_generate(self, kwargs: dict[str, Any], seed: int | None, streamer: TokenQueue,
+                        errors: list[BaseException]) -> threading.Thread:
+        def work() -> None:
+            try:
+                self._run_generate(kwargs, seed)
+            except BaseException as exc:  # surfaced in the caller's thread
+                errors.append(exc)
+                streamer.end()
+
+        thread = threading.Thread(target=work, daemon=True, name="tunesmith-generate")
+        thread.start()
+        return thread
+
     def _run_generate(self, kwargs: dict[str, Any], seed: int | None) -> torch.Tensor:
         with self._lock, torch.inference_mode():
             if seed is not None:
@@ -245,6 +270,37 @@ class HFEngine:
         else:
             kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
         return kw
+
+
+@dataclass
+class _Row:
+    """One prompt's progress inside a batched stream."""
+
+    text: TextAssembler
+    limit: int
+    received: int = 0
+    done: bool = False
+
+    def finish(self) -> Chunk:
+        self.done = True
+        tail = self.text.flush()
+        stopped = self.text.stopped or self.received < self.limit
+        return Chunk(tail, "stop" if stopped else "length", self.received)
+
+
+def _advance(i: int, row: _Row, token: int, cancelled: threading.Event
+             ) -> Iterator[tuple[int, Chunk]]:
+    if row.done:
+        return
+    if cancelled.is_set():
+        row.done = True
+        return
+    row.received += 1
+    piece = row.text.add([token])
+    if piece:
+        yield i, Chunk(piece)
+    if row.text.stopped or row.received >= row.limit:
+        yield i, row.finish()
 
 
 def _pick_renderer(template: str, adapters: list[str], tokenizer: Any) -> ChatRenderer:

@@ -53,6 +53,7 @@ class ServerSettings:
     api_key: str = ""
     cors_origins: list[str] = field(default_factory=list)
     max_queue: int = 256
+    max_batch: int = 16  # streams generated together at most
     max_model_len: int = 0  # 0: the model's max_position_embeddings
     default_max_tokens: int = 512
 
@@ -160,7 +161,10 @@ class Service:
         prompt_tokens = sum(len(p) for p in prompts)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            items = self._open(lambda: self._stream_all(prompts, req.n, params))
+            if req.n == 1 and len(prompts) == 1:  # may share a batch with other streams
+                items = _first_row(self._open_stream(prompts[0], params))
+            else:
+                items = self._open(lambda: self._stream_all(prompts, req.n, params))
             events = self._events(meta, items, prompt_tokens, usage)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
@@ -175,8 +179,13 @@ class Service:
         try:
             return self.worker.open(make)
         except QueueFull:
-            raise APIError(503, "the server is busy (request queue full); retry shortly",
-                           code="server_busy") from None
+            raise _busy() from None
+
+    def _open_stream(self, prompt: list[int], params: GenerationParams) -> AsyncIterator[Any]:
+        try:
+            return self.worker.open_stream(prompt, params)
+        except QueueFull:
+            raise _busy() from None
 
     def _stream_all(self, prompts: list[list[int]], n: int, params: GenerationParams
                     ) -> Iterator[tuple[int, Chunk]]:
@@ -216,9 +225,22 @@ class Service:
         yield DONE
 
 
+def _busy() -> APIError:
+    return APIError(503, "the server is busy (request queue full); retry shortly",
+                    code="server_busy")
+
+
+async def _first_row(chunks: AsyncIterator[Chunk]) -> AsyncIterator[tuple[int, Chunk]]:
+    try:
+        async for chunk in chunks:
+            yield 0, chunk
+    finally:
+        await chunks.aclose()  # type: ignore[attr-defined]
+
+
 def create_app(engine: HFEngine, settings: ServerSettings) -> Any:
     """The FastAPI app serving `engine` under `settings.model_name`."""
-    worker = GenerationWorker(settings.max_queue)
+    worker = GenerationWorker(engine, settings.max_queue, settings.max_batch)
     service = Service(engine, settings, worker)
 
     @contextlib.asynccontextmanager
@@ -251,6 +273,7 @@ def create_app(engine: HFEngine, settings: ServerSettings) -> Any:
     _add_error_handlers(app)
     _add_middleware(app, settings)
     app.state.service = service
+    app.state.worker = worker
     return app
 
 
