@@ -74,6 +74,23 @@ def test_streaming_equals_non_streaming_and_reports_usage(client, engine):
     assert all(c.usage is None for c in chunks[:-1])
 
 
+def test_concurrent_requests_get_their_own_answers(client, engine):
+    from concurrent.futures import ThreadPoolExecutor
+
+    convs = [[{"role": "user", "content": f"Question {i}: what is {i} + {i}?"}]
+             for i in range(8)]
+
+    def ask(conv):
+        r = client.chat.completions.create(model=NAME, messages=conv, max_tokens=10,
+                                           temperature=0)
+        return r.choices[0].message.content
+
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(ask, convs))
+    assert answers == [greedy(engine, c) for c in convs]
+    assert len(set(answers)) > 1
+
+
 def test_raw_stream_is_well_formed_sse(base_url):
     body = {"model": NAME, "messages": HELLO, "max_tokens": 5, "stream": True}
     with httpx.stream("POST", f"{base_url}/chat/completions", json=body, timeout=60) as r:

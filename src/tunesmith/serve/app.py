@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
     raise TunesmithError(f"tunesmith api needs the serve extra ({exc.name} is missing): "
                          "pip install 'tunesmith[serve]'") from None
 
-from tunesmith.infer.engine import Chunk, GenerationParams, HFEngine
+from tunesmith.infer.engine import Chunk, Completion, GenerationParams, HFEngine
 from tunesmith.serve.errors import APIError, error_body
 from tunesmith.serve.protocol import ChatCompletionRequest, CompletionRequest
 from tunesmith.serve.responses import (
@@ -168,11 +168,14 @@ class Service:
             events = self._events(meta, items, prompt_tokens, usage)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        batch = [p for p in prompts for _ in range(req.n)]
-        items = self._open(lambda: iter([self.engine.generate_batch(batch, params)]))
-        results: list[Any] = []
-        async for value in items:
-            results = value
+        results: list[Completion] = []
+        if req.n == 1 and len(prompts) == 1:  # joins a batch like a stream, then assembled
+            results = [await _collect(self._open_stream(prompts[0], params), prompt_tokens)]
+        else:
+            batch = [p for p in prompts for _ in range(req.n)]
+            items = self._open(lambda: iter([self.engine.generate_batch(batch, params)]))
+            async for value in items:
+                results = value
         return JSONResponse(full_body(meta, results, prompt_tokens))
 
     def _open(self, make: Any) -> AsyncIterator[Any]:
@@ -228,6 +231,16 @@ class Service:
 def _busy() -> APIError:
     return APIError(503, "the server is busy (request queue full); retry shortly",
                     code="server_busy")
+
+
+async def _collect(chunks: AsyncIterator[Chunk], prompt_tokens: int) -> Completion:
+    """The whole text of one stream, as a Completion."""
+    pieces, last = [], Chunk("")
+    async for chunk in chunks:
+        pieces.append(chunk.text)
+        last = chunk
+    return Completion("".join(pieces), last.finish_reason or "stop", prompt_tokens,
+                      last.completion_tokens)
 
 
 async def _first_row(chunks: AsyncIterator[Chunk]) -> AsyncIterator[tuple[int, Chunk]]:
