@@ -219,14 +219,36 @@ def test_cors_only_when_configured(base_url, auth_url):
     assert "access-control-allow-origin" not in other.headers
 
 
-def test_a_client_leaving_mid_stream_cancels_its_generation(base_url, client, engine):
+class RecordingEngine:
+    """The real engine, recording every batched stream's chunks by row."""
+
+    def __init__(self, engine: HFEngine):
+        self.engine, self.calls = engine, []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def stream_batch(self, prompts, params, cancelled):
+        rows = {i: [] for i in range(len(prompts))}
+        self.calls.append(rows)
+        for i, chunk in self.engine.stream_batch(prompts, params, cancelled):
+            rows[i].append(chunk)
+            yield i, chunk
+
+
+def test_a_client_leaving_mid_stream_cancels_its_generation(engine):
+    recording = RecordingEngine(engine)
     body = {"model": NAME, "messages": HELLO, "max_tokens": 400, "stream": True,
-            "temperature": 0}
-    with httpx.stream("POST", f"{base_url}/chat/completions", json=body, timeout=60) as r:
-        next(r.iter_lines())  # generation has started; now hang up
-    ok = client.chat.completions.create(model=NAME, messages=HELLO, max_tokens=10,
-                                        temperature=0)
+            "temperature": 0}  # greedy: this prompt runs the full 400 tokens on the tiny model
+    with running_server(create_app(recording, ServerSettings(NAME))) as url:
+        with httpx.stream("POST", f"{url}/chat/completions", json=body, timeout=60) as r:
+            next(r.iter_lines())  # generation has started; now hang up
+        ok = openai.OpenAI(base_url=url, api_key="x", max_retries=0).chat.completions.create(
+            model=NAME, messages=HELLO, max_tokens=10, temperature=0)
     assert ok.choices[0].message.content == greedy(engine, HELLO)
+    dropped = recording.calls[0][0]
+    assert all(c.finish_reason is None for c in dropped)  # never finished: it was dropped
+    assert len(dropped) < 400
 
 
 class GatedEngine:
