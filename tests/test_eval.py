@@ -214,3 +214,36 @@ def test_fewshot_template_scores_the_spaced_letter(tiny_llama_dir, tmp_path):
     cfg = _cfg(tiny_llama_dir, task="mmlu_test", task_dir=str(tmp_path), n_shot=2,
                template="fewshot")
     assert run_eval(cfg, plain)["overall"]["count"] == 7
+
+
+def test_a_llama_factory_predict_yaml_runs(tmp_path, tiny_llama_dir, alpaca_file, capsys):
+    yaml = tmp_path / "predict.yaml"
+    yaml.write_text(f"""### model
+model_name_or_path: {tiny_llama_dir}
+trust_remote_code: false
+### method
+stage: sft
+do_predict: true
+finetuning_type: lora
+### dataset
+eval_dataset: {alpaca_file}
+template: chatml
+cutoff_len: 256
+max_samples: 3
+overwrite_cache: true
+preprocessing_num_workers: 1
+### output
+output_dir: {tmp_path / 'predict'}
+overwrite_output_dir: true
+report_to: none
+### eval
+per_device_eval_batch_size: 2
+predict_with_generate: true
+do_sample: false
+max_new_tokens: 4
+ddp_timeout: 180000000
+""")
+    assert main(["eval", str(yaml)]) == 0
+    assert "predict_bleu-4" in capsys.readouterr().out
+    lines = (tmp_path / "predict" / "generated_predictions.jsonl").read_text().splitlines()
+    assert len(lines) == 3
