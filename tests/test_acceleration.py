@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tiny import build_model
 
+from tiny import build_model
 from tunesmith.kernels.attention import (
     register_varlen_attention,
     row_cu_seqlens,

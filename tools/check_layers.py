@@ -11,7 +11,7 @@ LAYERS: dict[str, int] = {
     "models": 1, "kernels": 1,
     "adapters": 2, "data": 2, "dist": 2,
     "train": 3, "infer": 3, "export": 3, "evaluation": 3,
-    "recipes": 4, "stages": 4,
+    "recipes": 4, "stages": 4, "benchmarks": 4,
     "serve": 5, "webui": 5,
     "cli": 6, "__main__": 6, "__init__": 0, "resources": 0,
 }

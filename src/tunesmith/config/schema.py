@@ -138,7 +138,8 @@ class TrainingConfig:
         5, "Stop after this many consecutive skipped steps with a non-finite loss or gradient.",
         minimum=1, advanced=True)
     loss_chunk_size: int = opt(
-        1024, "Rows per chunk in the fused linear cross-entropy.", minimum=1, advanced=True)
+        0, "Rows per chunk in the fused linear cross-entropy (0: automatic, about 512 MiB of "
+        "fp32 logits per chunk).", minimum=0, advanced=True)
     loss_impl: Literal["chunked", "reference"] = opt(
         "chunked", "Loss: chunked linear cross-entropy or the plain reference path.",
         advanced=True)

@@ -101,7 +101,8 @@ class Trainer:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def _train_step(self, micro: list[Batch]) -> tuple[float, float]:
+    def train_step(self, micro: list[Batch]) -> tuple[float, float]:
+        """One optimizer step over `micro`; returns (loss per trained token, grad norm)."""
         n_targets = sum(b.n_targets for b in micro)
         total = torch.zeros((), device=self.device)
         for batch in micro:
@@ -200,7 +201,7 @@ class Trainer:
             micro = [collate([self.train[i] for i in idx], self.pad_id)
                      for idx in self._step_batches()]
             self.throughput.add_data_wait(time.perf_counter() - t0)
-            loss, norm = self._train_step(micro)
+            loss, norm = self.train_step(micro)
             s.step += 1
             s.tokens_seen += sum(b.n_tokens for b in micro)
             s.trained_tokens_seen += sum(b.n_targets for b in micro)

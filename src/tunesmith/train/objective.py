@@ -22,13 +22,21 @@ class Objective(Protocol):
     def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor: ...
 
 
+def auto_chunk_rows(vocab: int, budget_bytes: int = 512 << 20) -> int:
+    """Largest power of two of rows whose fp32 logits fit the budget (at least 64)."""
+    rows = max(64, budget_bytes // (4 * vocab))
+    return 1 << (rows.bit_length() - 1)
+
+
 def trunk_inputs(batch: Batch) -> dict:
     """Keyword inputs of the decoder trunk for a batch: padded batches pass their attention
     mask; packed (padding-free) batches pass restarting position ids and the segment
     boundaries that varlen attention reads (transformers forwards them to it)."""
     cu = getattr(batch, "cu_seqlens", None)
     if cu is None:
-        return {"attention_mask": batch.attention_mask}
+        # no padding at all: no mask, so attention takes its plain causal path
+        dense = batch.n_tokens == batch.input_ids.numel()
+        return {"attention_mask": None if dense else batch.attention_mask}
     return {"position_ids": batch.position_ids, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
             "max_length_q": batch.max_seqlen, "max_length_k": batch.max_seqlen}
 
@@ -37,7 +45,7 @@ class NextTokenObjective:
     """Cross-entropy on the trained next tokens (SFT: assistant tokens; pt: all tokens),
     computed from hidden states so the full logits are never materialised."""
 
-    def __init__(self, loss_impl: str = "chunked", chunk_size: int = 1024):
+    def __init__(self, loss_impl: str = "chunked", chunk_size: int = 0):
         self.loss_impl, self.chunk_size = loss_impl, chunk_size
 
     def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -50,4 +58,5 @@ class NextTokenObjective:
             return torch.nn.functional.cross_entropy(logits, batch.target_ids, reduction="sum")
         if self.loss_impl == "reference":
             return linear_cross_entropy_reference(rows, head.weight, batch.target_ids)
-        return chunked_linear_cross_entropy(rows, head.weight, batch.target_ids, self.chunk_size)
+        chunk = self.chunk_size or auto_chunk_rows(head.weight.shape[0])
+        return chunked_linear_cross_entropy(rows, head.weight, batch.target_ids, chunk)
