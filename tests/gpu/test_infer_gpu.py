@@ -1,4 +1,4 @@
-"""The engine and evaluation on a CUDA GPU (bf16): run with `pytest -m gpu`."""
+"""The engine and evaluation on a CUDA GPU (bf16): `pytest -m gpu tests/gpu`."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from tunesmith.config import load_config
 from tunesmith.evaluation.runner import run_eval
 from tunesmith.infer.engine import GenerationParams, HFEngine
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 CONVS = [[{"role": "user", "content": "hi"}],
          [{"role": "user", "content": "Who are you? Tell me about the quick brown fox."}]]
 
 
 @pytest.fixture(scope="module")
 def cuda_engine(tiny_llama_dir) -> HFEngine:
-    assert torch.cuda.is_available(), "the gpu suite needs a CUDA device"
     return HFEngine(str(tiny_llama_dir), device="cuda")
 
 
