@@ -1,4 +1,4 @@
-"""`tunesmith <command>`: train | chat | env."""
+"""`tunesmith <command>`: train | chat | api | eval | env."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ USAGE = """tunesmith <command> [args]
 commands:
   train CONFIG.yaml [key=value ...] [--key value ...]   fine-tune a model
   chat  [--model_name_or_path M] [--adapter_name_or_path A] [--template T] [--prompt TEXT]
+  api   [--model_name_or_path M] [--adapter_name_or_path A] [--host H] [--port P] [--api_key K]
+                                                         OpenAI-compatible API server
+  eval  CONFIG.yaml [key=value ...]                      loss/perplexity, predict (BLEU/ROUGE)
+                                                         or a multiple-choice benchmark (task)
   env                                                    versions and devices, for bug reports
   export CONFIG.yaml [key=value ...]                     merge adapters; write an HF folder or GGUF
   bench [--groups main,full,liger] [--out DIR] [--tiny]  GPU training benchmark vs HF+PEFT/Liger
@@ -25,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     commands = {"train": cmd_train, "chat": cmd_chat, "env": cmd_env, "export": cmd_export,
-                "bench": cmd_bench}
+                "bench": cmd_bench, "api": cmd_api, "eval": cmd_eval}
     if command not in commands:
         print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
@@ -88,28 +92,23 @@ def cmd_chat(args: list[str]) -> int:
     p.add_argument("--max_new_tokens", type=int, default=256)
     p.add_argument("--repetition_penalty", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     p.add_argument("--device", default="auto")
     p.add_argument("--trust_remote_code", action="store_true")
     ns = p.parse_args(args)
     from tunesmith.cli.setup import setup_process
-    from tunesmith.infer.engine import GenerationParams, HFEngine
+    from tunesmith.infer.engine import GenerationParams
 
     setup_process(ns.seed)
-    model, adapters, template = ns.model_name_or_path, ns.adapter_name_or_path, ns.template
-    if ns.config:
-        from tunesmith.config.loader import read_yaml
+    from tunesmith.cli.chat_args import engine_from_args
 
-        raw = {k: v for k, (v, _) in read_yaml(ns.config).items()}
-        model = model or raw.get("model_name_or_path", "")
-        adapters = adapters or raw.get("adapter_name_or_path") or ""
-        template = template or raw.get("template") or ""
-    if not model:
-        raise TunesmithError("chat: give --model_name_or_path (or a YAML that sets it)")
-    adapter_list = adapters if isinstance(adapters, list) else [
-        a for a in str(adapters).split(",") if a]
-    engine = HFEngine(model, adapter_list, template, ns.device, ns.trust_remote_code)
+    engine = engine_from_args(ns)
     params = GenerationParams(ns.max_new_tokens, ns.temperature, ns.top_p, ns.top_k,
-                              ns.repetition_penalty, seed=ns.seed)
+                              ns.repetition_penalty, stop=ns.stop, seed=ns.seed)
+    if params.check():
+        raise TunesmithError("chat: " + "; ".join(params.check()))
+    if ns.prompt is not None and not ns.prompt.strip():
+        raise TunesmithError("chat: --prompt is empty; give some text to answer")
     history = [{"role": "system", "content": ns.system}] if ns.system else []
     if ns.prompt is not None:
         _answer(engine, history + [{"role": "user", "content": ns.prompt}], params)
@@ -163,6 +162,18 @@ def cmd_bench(args: list[str]) -> int:
     from tunesmith.benchmarks.report import run_all
 
     return run_all(args)
+
+
+def cmd_api(args: list[str]) -> int:
+    from tunesmith.cli.api import cmd_api as run_api
+
+    return run_api(args)
+
+
+def cmd_eval(args: list[str]) -> int:
+    from tunesmith.cli.evaluate import cmd_eval as run_eval
+
+    return run_eval(args)
 
 
 def cmd_env(args: list[str]) -> int:

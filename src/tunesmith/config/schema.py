@@ -21,6 +21,7 @@ CheckpointingMode = Literal["false", "true", "selective", "offload"]
 ExportFormat = Literal["hf", "gguf"]
 GGUFType = Literal["f16", "bf16", "q8_0"]
 ExportDevice = Literal["cpu", "auto"]
+EvalLang = Literal["en", "zh"]
 
 
 def opt(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
@@ -201,12 +202,43 @@ class ExportConfig:
 
 
 @dataclass
+class EvalConfig:
+    """`tunesmith eval`: loss/perplexity (default), predictions scored with BLEU/ROUGE
+    (predict_with_generate), or a multiple-choice benchmark (task). LLaMA-Factory names."""
+
+    task: str = opt("", "Multiple-choice benchmark NAME_SPLIT, e.g. mmlu_test, ceval_validation, "
+                        "cmmlu_test: the folder task_dir/NAME in MMLU, C-Eval or CMMLU file "
+                        "layout. Empty: loss/perplexity, or predictions (predict_with_generate).")
+    task_dir: str = opt("evaluation", "Folder holding the benchmark folders (mmlu, ceval, ...).")
+    n_shot: int = opt(5, "Solved dev-split examples shown before each benchmark question.",
+                      minimum=0)
+    lang: EvalLang = opt("en", "Language of the benchmark instructions: en or zh.")
+    save_dir: str = opt("", "Where benchmark results go (results.json); empty: output_dir, or "
+                            "only printed when that is empty too.")
+    batch_size: int = opt(4, "Benchmark questions per forward pass.", minimum=1)
+    do_predict: bool = opt(False, "Same as predict_with_generate (LLaMA-Factory writes both).")
+    predict_with_generate: bool = opt(
+        False, "eval: generate an answer for every prompt of eval_dataset (or dataset) into "
+        "output_dir/generated_predictions.jsonl and score BLEU-4 and ROUGE-1/2/L.")
+    max_new_tokens: int = opt(1024, "Predictions: most tokens generated per prompt.", minimum=1)
+    do_sample: bool = opt(True, "Predictions: sample (true) or decode greedily (false).")
+    temperature: float = opt(0.95, "Predictions: sampling temperature.", minimum=0,
+                             exclusive_min=True)
+    top_p: float = opt(0.7, "Predictions: nucleus sampling mass.", minimum=0, maximum=1,
+                       exclusive_min=True)
+    top_k: int = opt(50, "Predictions: sample among the k likeliest tokens (0: off).", minimum=0)
+    repetition_penalty: float = opt(1.0, "Predictions: penalty on repeated tokens (1: off).",
+                                    minimum=0, exclusive_min=True)
+
+
+@dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     finetuning: FinetuningConfig = field(default_factory=FinetuningConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -216,7 +248,7 @@ class Config:
         return flat
 
 
-SECTIONS = ("model", "data", "finetuning", "training", "export")
+SECTIONS = ("model", "data", "finetuning", "training", "export", "eval")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

@@ -1,0 +1,76 @@
+"""`tunesmith api`: serve a (tuned) model with an OpenAI-compatible HTTP API."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from tunesmith.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def api_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tunesmith api")
+    p.add_argument("config", nargs="?", help="optional YAML with model_name_or_path etc.")
+    p.add_argument("--model_name_or_path", default="")
+    p.add_argument("--adapter_name_or_path", default="")
+    p.add_argument("--template", default="")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--trust_remote_code", action="store_true")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (0: pick a free one)")
+    p.add_argument("--api_key", default="",
+                   help="require 'Authorization: Bearer KEY' on every route (or set API_KEY)")
+    p.add_argument("--served_model_name", default="",
+                   help="model id clients use (default: the adapter's or model's folder name)")
+    p.add_argument("--cors_origins", default="",
+                   help="comma-separated origins allowed by CORS (default: CORS off)")
+    p.add_argument("--max_queue", type=int, default=256, help="requests waiting at most")
+    p.add_argument("--max_batch_size", type=int, default=16,
+                   help="streams with the same sampling settings generated together at most")
+    p.add_argument("--max_model_len", type=int, default=0,
+                   help="context length in tokens (0: the model's)")
+    p.add_argument("--max_tokens", type=int, default=512,
+                   help="completion length when a request gives no max_tokens")
+    p.add_argument("--access_log", action="store_true", help="log one line per request "
+                   "(method, path, status; never the body)")
+    return p
+
+
+def cmd_api(args: list[str]) -> int:
+    from tunesmith.cli.chat_args import engine_from_args
+    from tunesmith.cli.setup import setup_process
+    from tunesmith.config.environment import api_key
+    from tunesmith.serve.app import ServerSettings, create_app
+    from tunesmith.serve.server import bind_socket, build_server, is_loopback
+
+    ns = api_parser().parse_args(args)
+    if ns.port < 0 or ns.port > 65535:
+        raise ConfigError(f"--port {ns.port} is not a TCP port (0..65535)")
+    if min(ns.max_queue, ns.max_tokens, ns.max_batch_size) < 1 or ns.max_model_len < 0:
+        raise ConfigError("--max_queue, --max_tokens and --max_batch_size must be >= 1, "
+                          "--max_model_len >= 0")
+    setup_process()
+    engine = engine_from_args(ns)
+    key = ns.api_key or api_key()
+    settings = ServerSettings(
+        model_name=ns.served_model_name or engine.name, api_key=key,
+        cors_origins=[o.strip() for o in ns.cors_origins.split(",") if o.strip()],
+        max_queue=ns.max_queue, max_batch=ns.max_batch_size, max_model_len=ns.max_model_len,
+        default_max_tokens=ns.max_tokens)
+    if not key and not is_loopback(ns.host):
+        log.warning("serving on %s without an API key: anyone who can reach this address can "
+                    "use the model; set API_KEY or --api_key", ns.host)
+    try:
+        sock = bind_socket(ns.host, ns.port)
+    except OSError as exc:
+        raise ConfigError(f"--host {ns.host} --port {ns.port}: cannot listen there ({exc}); "
+                          "choose another port") from None
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+    print(f"tunesmith api: serving {settings.model_name!r} on http://{shown}:{port}/v1 "
+          f"({'API key required' if key else 'no API key'})", flush=True)
+    build_server(create_app(engine, settings), access_log=ns.access_log).run(sockets=[sock])
+    return 0

@@ -1,0 +1,2 @@
+"""`tunesmith eval`: loss/perplexity, generated predictions with BLEU/ROUGE, and
+multiple-choice benchmarks (MMLU / C-Eval / CMMLU layouts)."""

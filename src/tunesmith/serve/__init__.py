@@ -1,0 +1,1 @@
+"""OpenAI-compatible HTTP server over an inference engine (`tunesmith api`)."""
