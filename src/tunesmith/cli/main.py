@@ -13,6 +13,7 @@ commands:
   train CONFIG.yaml [key=value ...] [--key value ...]   fine-tune a model
   chat  [--model_name_or_path M] [--adapter_name_or_path A] [--template T] [--prompt TEXT]
   env                                                    versions and devices, for bug reports
+  webui [--work_dir DIR] [--host H] [--port P] [--auth USER:PASSWORD] [--share]   the web UI
 """
 
 
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
-    commands = {"train": cmd_train, "chat": cmd_chat, "env": cmd_env}
+    commands = {"train": cmd_train, "chat": cmd_chat, "env": cmd_env, "webui": cmd_webui}
     if command not in commands:
         print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
@@ -119,6 +120,12 @@ def _answer(engine, messages, params) -> str:
         pieces.append(piece)
     print()
     return "".join(pieces)
+
+
+def cmd_webui(args: list[str]) -> int:
+    from tunesmith.cli.webui import cmd_webui as run
+
+    return run(args)
 
 
 def cmd_env(args: list[str]) -> int:

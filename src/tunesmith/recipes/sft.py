@@ -96,6 +96,8 @@ def run_sft(cfg: Config) -> dict[str, Any]:
         metrics.close()
         if t.plot_loss:
             plot_loss(out / "metrics.jsonl", out / "loss.png")
+    if result.stopped:  # graceful stop: the checkpoint is the output; resume to finish
+        return {"stopped": True, "steps": result.state.step, "checkpoint": str(result.checkpoint)}
     _save_model(out, model=model, tokenizer=tokenizer, template_source=template_source, cfg=cfg)
     return write_summary(out, cfg, result, data.report, device)
 

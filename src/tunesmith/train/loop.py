@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -58,6 +60,8 @@ class LoopResult:
     total_steps: int
     eval_loss: float | None
     throughput: dict[str, Any]
+    stopped: bool = False  # a stop was requested (SIGTERM/SIGINT); a checkpoint was written
+    checkpoint: Path | None = None  # the checkpoint written at the stop
 
 
 class Trainer:
@@ -82,6 +86,7 @@ class Trainer:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.state = LoopState()
         self.throughput = Throughput(device, flops_per_token)
+        self.stop_requested = False  # set by request_stop(); checked after each optimizer step
 
     # ----- data position -------------------------------------------------------------
     def _step_batches(self) -> list[list[int]]:
@@ -184,8 +189,44 @@ class Trainer:
         log.info("resumed from %s at step %d", path, self.state.step)
         print(f"resumed from {path} (step {self.state.step} of {self.total_steps})")
 
+    # ----- graceful stop ---------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Finish the current optimizer step, write a checkpoint and return from run()."""
+        self.stop_requested = True
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.stop_requested:
+            raise KeyboardInterrupt  # a second Ctrl-C aborts at once
+        name = signal.Signals(signum).name
+        tqdm.write(f"{name} received: stopping after this optimizer step with a checkpoint "
+                   "(Ctrl-C again aborts without one)")
+        self.request_stop()
+
+    def _install_stop_handlers(self) -> dict[int, Any]:
+        """SIGTERM/SIGINT -> graceful stop while the loop runs (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM,
+                                                                      signal.SIGINT)}
+
+    def _stop_with_checkpoint(self) -> Path:
+        path = self.save()
+        self.metrics.write({"step": self.state.step, "stopped": True, "checkpoint": str(path),
+                            "total_steps": self.total_steps})
+        tqdm.write(f"stopped at step {self.state.step} of {self.total_steps}; checkpoint "
+                   f"{path}; continue with resume_from_checkpoint: auto")
+        return path
+
     # ----- the loop --------------------------------------------------------------------
     def run(self) -> LoopResult:
+        previous = self._install_stop_handlers()
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> LoopResult:
         s, cfg = self.state, self.cfg
         self.model.train()
         bar = tqdm(total=self.total_steps, initial=s.step, desc="train", unit="step",
@@ -213,6 +254,11 @@ class Trainer:
                 window_losses = []
             if cfg.eval_steps and s.step % cfg.eval_steps == 0 and cfg.eval_strategy != "no":
                 eval_loss = self._log_eval()
+            if self.stop_requested and s.step < self.total_steps:
+                bar.close()
+                return LoopResult(s, self.total_steps, eval_loss,
+                                  self.throughput.summary(s.elapsed), stopped=True,
+                                  checkpoint=self._stop_with_checkpoint())
             if cfg.save_steps and s.step % cfg.save_steps == 0 and s.step < self.total_steps:
                 self.save()
         bar.close()
