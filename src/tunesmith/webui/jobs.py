@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shlex
 import signal
 import subprocess
@@ -91,14 +92,14 @@ class JobRunner:
     def __init__(self, ws: Workspace):
         self.ws = ws
         self._lock = threading.Lock()
+        self._procs: dict[str, subprocess.Popen] = {}  # children of this process
 
     # ----- launch -----------------------------------------------------------------------
     def launch(self, command: str, config: dict, output_dir: str = "") -> Job:
         """Write `config` as YAML into a new job folder and start the command on it."""
         if command not in COMMANDS:
             raise TunesmithError(f"job: unknown command {command!r}; one of {COMMANDS}")
-        job_id = time.strftime("%Y%m%d-%H%M%S") + f"-{command}-{os.getpid() % 1000:03d}" + (
-            f"{time.monotonic_ns() % 1000:03d}")
+        job_id = time.strftime("%Y%m%d-%H%M%S") + f"-{command}-{secrets.token_hex(3)}"
         folder = self.ws.jobs_dir / job_id
         folder.mkdir(parents=True)
         cfg_path = folder / f"{command}.yaml"
@@ -112,6 +113,7 @@ class JobRunner:
         job = Job(job_id, command, str(folder), str(cfg_path), proc.pid,
                   _process_start(proc.pid), time.time(), output_dir)
         self._save(job)
+        self._procs[job_id] = proc
         threading.Thread(target=self._reap, args=(job, proc), daemon=True).start()
         return job
 
@@ -154,7 +156,12 @@ class JobRunner:
 
     # ----- state ------------------------------------------------------------------------
     def status(self, job: Job) -> str:
-        if job.returncode is None and _alive(job.pid, job.pid_start):
+        proc = self._procs.get(job.id)
+        if proc is not None:  # our own child: its return code, without a race
+            if proc.poll() is None:
+                return RUNNING
+            job.returncode = proc.returncode
+        elif job.returncode is None and _alive(job.pid, job.pid_start):
             return RUNNING
         if job.returncode is None:  # ended while no web UI was watching it
             return STOPPED if job.stop_requested else ENDED

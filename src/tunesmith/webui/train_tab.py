@@ -63,7 +63,7 @@ def build_form(ws: Workspace) -> dict[str, gr.components.Component]:
     return widgets
 
 
-def _place(widgets: dict, specs: list[FieldSpec], ws: Workspace, per_row: int = 3) -> None:
+def _place(widgets: dict, specs: list[FieldSpec], ws: Workspace, per_row: int = 2) -> None:
     for i in range(0, len(specs), per_row):
         with gr.Row():
             for spec in specs[i:i + per_row]:
@@ -163,24 +163,29 @@ def _error(exc: Exception) -> str:
 
 def build_train_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
     """Lay out the tab and wire its events; returns what the app wires on page load."""
-    widgets = build_form(ws)
+    with gr.Row():
+        with gr.Column(scale=3):
+            widgets = build_form(ws)
+        with gr.Column(scale=2):
+            with gr.Row():
+                preview_btn = gr.Button("Preview command", elem_id="train-preview")
+                start_btn = gr.Button("Start", variant="primary", elem_id="train-start")
+            with gr.Row():
+                resume_btn = gr.Button("Resume", elem_id="train-resume")
+                stop_btn = gr.Button("Stop", variant="stop", elem_id="train-stop")
+            message = gr.Markdown(elem_id="train-message")
+            job_box = gr.Dropdown(label="job", choices=[], elem_id="train-job")
+            progress = gr.Textbox(label="progress", elem_id="train-progress")
+            figures = gr.Markdown(elem_id="train-figures")
+            plot = gr.LinePlot(x="step", y="loss", color="series", title="loss",
+                               elem_id="train-plot")
+            log_box = gr.Textbox(label="log", lines=10, max_lines=10, elem_id="train-log")
+            with gr.Accordion("Command preview", open=True):
+                yaml_box = gr.Code(language="yaml", label="train.yaml", elem_id="train-yaml")
+                cli_box = gr.Textbox(label="command", elem_id="train-cli")
     keys = list(widgets)
     actions = TrainActions(ws, runner, keys)
     inputs = [widgets[k] for k in keys]
-    with gr.Row():
-        preview_btn = gr.Button("Preview command", elem_id="train-preview")
-        start_btn = gr.Button("Start", variant="primary", elem_id="train-start")
-        resume_btn = gr.Button("Resume", elem_id="train-resume")
-        stop_btn = gr.Button("Stop", variant="stop", elem_id="train-stop")
-    message = gr.Markdown(elem_id="train-message")
-    with gr.Accordion("Command preview", open=True):
-        yaml_box = gr.Code(language="yaml", label="train.yaml", elem_id="train-yaml")
-        cli_box = gr.Textbox(label="command", elem_id="train-cli")
-    job_box = gr.Dropdown(label="job", choices=[], elem_id="train-job")
-    progress = gr.Textbox(label="progress", elem_id="train-progress")
-    figures = gr.Markdown(elem_id="train-figures")
-    plot = gr.LinePlot(x="step", y="loss", color="series", title="loss", elem_id="train-plot")
-    log_box = gr.Textbox(label="log", lines=10, max_lines=10, elem_id="train-log")
     timer = gr.Timer(1.0)
 
     preview_btn.click(actions.preview, inputs, [yaml_box, cli_box, message])
