@@ -62,7 +62,7 @@ class ChatActions:
 
     def respond(self, text: str, history: list[dict], system: str, temperature: float,
                 top_p: float, top_k: float, max_new_tokens: float, repetition_penalty: float,
-                ) -> Iterator[tuple[list[dict], str]]:
+                seed: float | None = None) -> Iterator[tuple[list[dict], str]]:
         """Stream the answer into the chat history."""
         history = list(history or [])
         engine = self.slot.engine
@@ -78,7 +78,8 @@ class ChatActions:
             {"role": m["role"], "content": _text(m["content"])} for m in history] + [
             {"role": "user", "content": text}]
         params = GenerationParams(int(max_new_tokens), float(temperature), float(top_p),
-                                  int(top_k), float(repetition_penalty))
+                                  int(top_k), float(repetition_penalty),
+                                  seed=None if seed is None or seed < 0 else int(seed))
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
         for piece in engine.stream(messages, params):
             history[-1]["content"] += piece
@@ -96,7 +97,8 @@ def _text(content: Any) -> str:
 def build_chat_tab(ws: Workspace, slot: EngineSlot) -> dict[str, Any]:
     actions = ChatActions(ws, slot)
     with gr.Row():
-        run_box = gr.Dropdown(finished_runs(ws), value=None, label="finished run or checkpoint",
+        run_box = gr.Dropdown(finished_runs(ws), value=None, allow_custom_value=True,
+                              label="finished run or checkpoint",
                               info="fills the base model and adapter", elem_id="chat-run")
         model_box = gr.Dropdown(model_choices(ws), value=None, allow_custom_value=True,
                                 label="model_name_or_path", elem_id="chat-model")
@@ -128,10 +130,12 @@ def build_chat_tab(ws: Workspace, slot: EngineSlot) -> dict[str, Any]:
             max_new = gr.Slider(1, 4096, value=256, step=1, label="max_new_tokens",
                                 elem_id="chat-max-new")
             rep = gr.Slider(1.0, 2.0, value=1.0, step=0.05, label="repetition_penalty")
+            seed = gr.Number(-1, precision=0, label="seed", info="-1: random",
+                             elem_id="chat-seed")
     run_box.focus(lambda: gr.update(choices=finished_runs(ws)), None, run_box)
     run_box.change(actions.pick_run, run_box, [model_box, adapter_box])
     load_btn.click(actions.load, [model_box, adapter_box, template_box, trust_box], status)
-    chat_in = [prompt, chatbot, system, temperature, top_p, top_k, max_new, rep]
+    chat_in = [prompt, chatbot, system, temperature, top_p, top_k, max_new, rep, seed]
     send.click(actions.respond, chat_in, [chatbot, prompt])
     prompt.submit(actions.respond, chat_in, [chatbot, prompt])
     clear.click(lambda: ([], ""), None, [chatbot, prompt])

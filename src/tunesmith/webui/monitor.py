@@ -48,6 +48,8 @@ def read_run(output_dir: Path) -> RunView:
 
 def _take_step(view: RunView, r: dict[str, Any]) -> None:
     view.step = int(r["step"])
+    if view.stopped_at is not None and view.step > view.stopped_at:
+        view.stopped_at = None  # the run was resumed past its stop
     view.total_steps = int(r.get("total_steps") or view.total_steps)
     view.loss = float(r["loss"])
     view.lr = r.get("lr")

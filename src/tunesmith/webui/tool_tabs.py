@@ -126,7 +126,8 @@ def _job_panel(prefix: str) -> tuple[Any, Any, Any, Any]:
 def build_eval_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
     actions = ToolActions(ws, runner, "eval")
     with gr.Row():
-        run = gr.Dropdown(finished_runs(ws), label="run or checkpoint", elem_id="eval-run")
+        run = gr.Dropdown(finished_runs(ws), label="run or checkpoint", allow_custom_value=True,
+                          elem_id="eval-run")
         mode = gr.Dropdown(list(EVAL_MODES), value="loss", label="eval_mode",
                            info="loss/perplexity, predict (BLEU/ROUGE) or benchmark (MMLU "
                                 "layout)", elem_id="eval-mode")
@@ -168,7 +169,8 @@ def build_eval_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
 def build_export_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
     actions = ToolActions(ws, runner, "export")
     with gr.Row():
-        run = gr.Dropdown(finished_runs(ws), label="run or checkpoint", elem_id="export-run")
+        run = gr.Dropdown(finished_runs(ws), label="run or checkpoint", allow_custom_value=True,
+                          elem_id="export-run")
         out = gr.Textbox(label="export_dir", value="exports/model", elem_id="export-dir")
     with gr.Row():
         fmt = gr.Radio(list(EXPORT_FORMATS), value="hf", label="export_format",

@@ -15,7 +15,7 @@ from tunesmith.errors import ConfigError, TunesmithError
 from tunesmith.webui.data_view import dataset_choices
 from tunesmith.webui.form import FieldSpec, config_yaml, form_fields, form_to_config, widget_value
 from tunesmith.webui.jobs import RUNNING, JobRunner, command_text, tail_text
-from tunesmith.webui.monitor import figures_text, progress_text, read_run
+from tunesmith.webui.monitor import RunView, figures_text, progress_text, read_run
 from tunesmith.webui.runs import model_choices
 from tunesmith.webui.workspace import Workspace, check_paths
 
@@ -133,20 +133,21 @@ class TrainActions:
         value = selected or (latest.id if latest else None)
         return gr.update(choices=[j.id for j in jobs], value=value)
 
-    def watch(self, job_id: str | None) -> tuple[str, str, pd.DataFrame, str]:
-        """Progress, figures, loss curve and log tail of a job (the timer calls this)."""
-        empty = pd.DataFrame({"step": [], "loss": [], "series": []})
+    def watch(self, job_id: str | None, shown: str = "") -> tuple[str, str, Any, str, str]:
+        """Progress, figures, loss curve, log tail of a job, and the key of the curve now
+        shown (the timer calls this; an unchanged curve is not sent again)."""
         if not job_id:
-            return "No training job yet.", figures_text(read_run(Path("/nonexistent"))), empty, ""
+            return "No training job yet.", figures_text(RunView()), None, "", ""
         try:
             job = self.runner.get(job_id)
         except TunesmithError as exc:
-            return _error(exc), "", empty, ""
+            return _error(exc), "", None, "", ""
         view = read_run(Path(job.output_dir))
-        curve = pd.DataFrame(view.curve) if view.curve else empty
-        status = self.runner.status(job)
-        return (progress_text(view, status), figures_text(view), curve,
-                tail_text(job.log_path, lines=25))
+        key = f"{job_id}:{len(view.curve)}"
+        curve = (pd.DataFrame(view.curve) if view.curve else None) if key != shown else (
+            gr.skip())
+        return (progress_text(view, self.runner.status(job)), figures_text(view), curve,
+                tail_text(job.log_path, lines=25), key)
 
 
 def _check_output_dir(out: Path, cfg: Any) -> None:
@@ -193,7 +194,8 @@ def build_train_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
     resume_btn.click(actions.resume, inputs,
                      [message, job_box, widgets["resume_from_checkpoint"]])
     stop_btn.click(actions.stop, job_box, message)
-    watch_out = [progress, figures, plot, log_box]
-    timer.tick(actions.watch, job_box, watch_out, show_progress="hidden")
+    shown = gr.State("")  # which curve this page shows, so an unchanged one is not resent
+    watch_out = [progress, figures, plot, log_box, shown]
+    timer.tick(actions.watch, [job_box, shown], watch_out, show_progress="hidden")
     job_box.change(actions.watch, job_box, watch_out, show_progress="hidden")
     return {"job_box": job_box, "job_choices": actions.job_choices}
