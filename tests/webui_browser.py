@@ -96,3 +96,30 @@ def screenshot(page, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+def make_finished_run(work: Path, name: str = "done") -> Path:
+    """A short LoRA run of the tiny model in `work/saves/<name>` (trained in-process)."""
+    from tunesmith.config import load_config
+    from tunesmith.recipes.sft import run_sft
+
+    out = work / "saves" / name
+    cfg = load_config(overrides={
+        "model_name_or_path": str(work / "models" / "tiny"),
+        "dataset": str(work / "data" / "train.json"), "output_dir": str(out),
+        "max_steps": 4, "per_device_train_batch_size": 4, "learning_rate": 1e-3,
+        "logging_steps": 1, "lora_rank": 4, "save_steps": 0})
+    run_sft(cfg)
+    return out
+
+
+def wait_for_status(page, prefix: str, timeout_s: float) -> str:
+    """Wait until the job status of the `prefix` tab is no longer running; return it."""
+    status = field(page, f"{prefix}-status")
+    for _ in range(int(timeout_s / 0.25)):
+        text = status.input_value()
+        if text and not text.startswith(("running", "No ")):
+            return text
+        page.wait_for_timeout(250)
+    raise AssertionError(f"{prefix} job still running after {timeout_s} s: "
+                         f"{status.input_value()!r}\n{field(page, f'{prefix}-log').input_value()}")
