@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from tunesmith.cli.main import USAGE
 from webui_browser import (
     browser_page,
     field,
@@ -26,8 +27,6 @@ from webui_browser import (
     serve,
     wait_for_status,
 )
-
-from tunesmith.cli.main import USAGE
 
 pytestmark = pytest.mark.browser
 
