@@ -123,3 +123,35 @@ def test_job_stops_cleanly_with_a_resumable_checkpoint(ws, tiny_llama_dir, alpac
     assert "stopped at step" in progress_text(view, "stopped")
 
     assert runner.latest("train").id == job.id  # what a reopened page shows
+
+
+def test_login_is_required_when_auth_is_set(ws, monkeypatch):
+    import httpx
+
+    from tunesmith.cli.webui import parse_auth
+    from tunesmith.webui.app import ServerOptions, build_app, launch
+
+    monkeypatch.setenv("TUNESMITH_WEBUI_AUTH", "ada:s3cret")
+    from tunesmith.config.environment import webui_auth
+
+    auth = parse_auth(webui_auth())
+    assert auth == ("ada", "s3cret")
+    with pytest.raises(ConfigError, match="user:password"):
+        parse_auth("no-colon")
+    assert ServerOptions().host == "127.0.0.1" and ServerOptions().share is False
+    from webui_browser import free_port
+
+    app = build_app(str(ws.root))
+    port = free_port()
+    launch(app, ServerOptions("127.0.0.1", port, auth), block=False)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        with httpx.Client(base_url=base, timeout=20) as client:
+            assert client.get("/config").status_code == 401
+            bad = client.post("/login", data={"username": "ada", "password": "nope"})
+            assert bad.status_code >= 400
+            good = client.post("/login", data={"username": "ada", "password": "s3cret"})
+            assert good.status_code == 200
+            assert client.get("/config").status_code == 200
+    finally:
+        app.close()

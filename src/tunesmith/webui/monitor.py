@@ -73,7 +73,9 @@ def format_duration(seconds: float | None) -> str:
 def progress_text(view: RunView, status: str) -> str:
     """One line: status, step k/N, percentage, elapsed, ETA."""
     if not view.total_steps:
-        return f"{status}: waiting for the first logged step"
+        if status == "running":
+            return "running: loading the model and data, waiting for the first logged step"
+        return f"{status} before the first logged step; see the log"
     pct = 100.0 * view.step / view.total_steps
     text = (f"{status}: step {view.step}/{view.total_steps} ({pct:.0f}%) · elapsed "
             f"{format_duration(view.elapsed_s)} · ETA {format_duration(view.eta_s)}")
