@@ -64,8 +64,14 @@ def _wait_curve(page, min_points: int) -> None:
         " return p && (p.getAttribute('d') || '').split('L').length >= n; }", arg=min_points)
 
 
-def test_data_tab_previews_rendered_samples(page):
+def test_data_tab_uploads_and_previews_rendered_samples(page, tmp_path):
     page.get_by_role("tab", name="Data").click()
+    upload = tmp_path / "uploaded.jsonl"
+    upload.write_text('{"messages": [{"role": "user", "content": "hi"}, '
+                      '{"role": "assistant", "content": "hello there"}]}\n')
+    page.locator("#data-upload input[type=file]").set_input_files(str(upload))
+    page.wait_for_function(
+        "document.querySelector('#data-message').innerText.includes('data/uploaded.jsonl')")
     pick(page, "data-dataset", "data/train.json")
     pick(page, "data-model", "models/tiny")
     page.locator("#data-preview").click()

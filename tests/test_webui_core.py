@@ -57,6 +57,38 @@ def test_form_refuses_what_the_cli_refuses():
         form_to_config({"--output_dir": "x"})
 
 
+def test_text_that_looks_like_arguments_stays_a_value():
+    changed, cfg = form_to_config({"model_name_or_path": "--trust_remote_code",
+                                   "dataset": "a --output_dir /etc"})
+    assert cfg.model.trust_remote_code is False
+    assert changed == {"model_name_or_path": "--trust_remote_code",
+                       "dataset": ["a --output_dir /etc"]}
+
+
+def test_upload_lands_in_the_data_folder_and_inspect_counts_rows(ws, tiny_llama_dir,
+                                                                  alpaca_file):
+    from tunesmith.config.schema import DataConfig
+    from tunesmith.webui.data_tab import DataActions
+    from tunesmith.webui.data_view import inspect_dataset
+
+    actions = DataActions(ws)
+    message, _ = actions.upload(str(alpaca_file))
+    assert (ws.data_dir / alpaca_file.name).is_file() and "data/train.json" in message
+    bad = alpaca_file.with_name("notes.txt")
+    bad.write_text("x")
+    assert "not a data file" in actions.upload(str(bad))[0]
+    assert not (ws.data_dir / "notes.txt").exists()
+    view = inspect_dataset(str(ws.data_dir / "train.json"),
+                           DataConfig(dataset_dir=str(ws.data_dir), cutoff_len=36),
+                           str(tiny_llama_dir), "", n_samples=2)
+    f = view.figures
+    assert f["rows"] == f["samples"] + f["over_cutoff"] == 24
+    assert f["length_min"] <= f["length_p50"] <= f["length_max"]
+    assert f["truncated_prompt"] > 0  # cutoff_len 36 cuts the longer samples
+    text, label = zip(*view.samples[0], strict=True)
+    assert "trained" in label and "The answer is 0." in text[label.index("trained")]
+
+
 def test_paths_outside_the_working_folder_are_refused(ws, tmp_path):
     outside = tmp_path / "elsewhere"
     outside.mkdir()
@@ -113,7 +145,10 @@ def test_job_stops_cleanly_with_a_resumable_checkpoint(ws, tiny_llama_dir, alpac
     assert yaml.safe_load(Path(job.config).read_text()) == cfg
     _wait(lambda: read_run(out).step >= 20, 120, "the first logged steps")
     assert runner.status(runner.get(job.id)) == RUNNING
-    assert "stop requested" in runner.stop(job.id)
+    reopened = JobRunner(ws)  # a restarted web UI: finds the job through job.json and /proc
+    assert reopened.latest("train").id == job.id
+    assert reopened.status(reopened.get(job.id)) == RUNNING
+    assert "stop requested" in reopened.stop(job.id)
     _wait(lambda: runner.status(runner.get(job.id)) != RUNNING, 120, "the job to stop")
     stopped = runner.get(job.id)
     view = read_run(out)
@@ -121,8 +156,6 @@ def test_job_stops_cleanly_with_a_resumable_checkpoint(ws, tiny_llama_dir, alpac
     assert view.stopped_at is not None and view.stopped_at < 3000
     assert (out / f"checkpoint-{view.stopped_at}" / "trainer_state.json").is_file()
     assert "stopped at step" in progress_text(view, "stopped")
-
-    assert runner.latest("train").id == job.id  # what a reopened page shows
 
 
 def test_login_is_required_when_auth_is_set(ws, monkeypatch):
