@@ -159,6 +159,7 @@ def build_eval_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
             return f"**Error**: {exc}", gr.skip()
 
     run.focus(lambda: gr.update(choices=finished_runs(ws)), None, run)
+    run.change(lambda r: f"{r}-eval" if r else gr.skip(), run, out)
     start.click(start_eval, [run, mode, out, data, cutoff, max_samples, max_new, task, task_dir,
                              n_shot], [message, job_box])
     gr.Timer(1.0).tick(actions.watch, job_box, [status, log_box, results],
