@@ -14,6 +14,7 @@ import re
 import sys
 
 import pytest
+from playwright.sync_api import expect
 
 from tunesmith.cli.main import USAGE
 from webui_browser import (
@@ -63,6 +64,7 @@ def test_evaluate_loss_of_a_finished_run(page):
     pg, work = page
     pg.get_by_role("tab", name="Evaluate").click()
     pick(pg, "eval-run", "saves/done")
+    expect(field(pg, "eval-output")).to_have_value("saves/done-eval")  # filled from the run
     pick(pg, "eval-mode", "loss")
     pick(pg, "eval-dataset", "data/train.json")
     field(pg, "eval-output").fill("saves/done-eval")
@@ -84,6 +86,7 @@ def test_export_a_finished_run(page, fmt, suffix):
     pg, work = page
     pg.get_by_role("tab", name="Export").click()
     pick(pg, "export-run", "saves/done")
+    expect(field(pg, "export-dir")).to_have_value("exports/done")  # filled from the run
     field(pg, "export-dir").fill(f"exports/done-{fmt}")
     pg.locator("#export-format").get_by_label(fmt, exact=True).check()
     pg.locator("#export-start").click()

@@ -116,7 +116,7 @@ def _read_json(path: Path) -> Any:
 
 
 def _job_panel(prefix: str) -> tuple[Any, Any, Any, Any]:
-    job_box = gr.Dropdown(label="job", choices=[], elem_id=f"{prefix}-job")
+    job_box = gr.Dropdown(label="job", choices=[], value=None, elem_id=f"{prefix}-job")
     status = gr.Textbox(label="status", elem_id=f"{prefix}-status")
     log_box = gr.Textbox(label="log", lines=8, max_lines=8, elem_id=f"{prefix}-log")
     results = gr.Code(label="results", language="json", elem_id=f"{prefix}-results")
@@ -126,14 +126,15 @@ def _job_panel(prefix: str) -> tuple[Any, Any, Any, Any]:
 def build_eval_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
     actions = ToolActions(ws, runner, "eval")
     with gr.Row():
-        run = gr.Dropdown(finished_runs(ws), label="run or checkpoint", allow_custom_value=True,
-                          elem_id="eval-run")
+        run = gr.Dropdown(finished_runs(ws), value=None, label="run or checkpoint",
+                          allow_custom_value=True, elem_id="eval-run")
         mode = gr.Dropdown(list(EVAL_MODES), value="loss", label="eval_mode",
                            info="loss/perplexity, predict (BLEU/ROUGE) or benchmark (MMLU "
                                 "layout)", elem_id="eval-mode")
         out = gr.Textbox(label="output_dir", value="saves/eval", elem_id="eval-output")
     with gr.Row():
-        data = gr.Dropdown(dataset_choices(ws.data_dir), multiselect=True, label="eval_dataset",
+        data = gr.Dropdown(dataset_choices(ws.data_dir), value=[], multiselect=True,
+                           label="eval_dataset",
                            allow_custom_value=True, elem_id="eval-dataset")
         cutoff = gr.Number(2048, precision=0, minimum=8, label="cutoff_len")
         max_samples = gr.Number(0, precision=0, minimum=0, label="max_samples (0: all)")
@@ -170,8 +171,8 @@ def build_eval_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
 def build_export_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
     actions = ToolActions(ws, runner, "export")
     with gr.Row():
-        run = gr.Dropdown(finished_runs(ws), label="run or checkpoint", allow_custom_value=True,
-                          elem_id="export-run")
+        run = gr.Dropdown(finished_runs(ws), value=None, label="run or checkpoint",
+                          allow_custom_value=True, elem_id="export-run")
         out = gr.Textbox(label="export_dir", value="exports/model", elem_id="export-dir")
     with gr.Row():
         fmt = gr.Radio(list(EXPORT_FORMATS), value="hf", label="export_format",

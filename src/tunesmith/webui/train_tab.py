@@ -175,7 +175,7 @@ def build_train_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
                 resume_btn = gr.Button("Resume", elem_id="train-resume")
                 stop_btn = gr.Button("Stop", variant="stop", elem_id="train-stop")
             message = gr.Markdown(elem_id="train-message")
-            job_box = gr.Dropdown(label="job", choices=[], elem_id="train-job")
+            job_box = gr.Dropdown(label="job", choices=[], value=None, elem_id="train-job")
             progress = gr.Textbox(label="progress", elem_id="train-progress")
             figures = gr.Markdown(elem_id="train-figures")
             plot = gr.LinePlot(x="step", y="loss", color="series", title="loss",
