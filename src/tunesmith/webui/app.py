@@ -40,9 +40,7 @@ def build_app(work_dir: str) -> Any:
 
     from tunesmith.webui.chat_tab import EngineSlot, build_chat_tab
     from tunesmith.webui.data_tab import build_data_tab
-    from tunesmith.webui.data_view import dataset_choices
     from tunesmith.webui.jobs import JobRunner
-    from tunesmith.webui.runs import finished_runs
     from tunesmith.webui.tool_tabs import build_eval_tab, build_export_tab
     from tunesmith.webui.train_tab import build_train_tab
     from tunesmith.webui.workspace import Workspace
@@ -53,25 +51,20 @@ def build_app(work_dir: str) -> Any:
         gr.Markdown(f"## tunesmith · working folder `{ws.root}`")
         with gr.Tabs():
             with gr.Tab("Data", id="data", elem_id="tab-data"):
-                data = build_data_tab(ws)
+                build_data_tab(ws)
             with gr.Tab("Train", id="train", elem_id="tab-train"):
                 train = build_train_tab(ws, runner)
             with gr.Tab("Evaluate", id="eval", elem_id="tab-eval"):
                 evaluate = build_eval_tab(ws, runner)
             with gr.Tab("Chat", id="chat", elem_id="tab-chat"):
-                chat = build_chat_tab(ws, EngineSlot())
+                build_chat_tab(ws, EngineSlot())
             with gr.Tab("Export", id="export", elem_id="tab-export"):
                 export = build_export_tab(ws, runner)
 
-        def on_load() -> tuple:
-            runs = finished_runs(ws)
-            return (gr.update(choices=dataset_choices(ws.data_dir)), train["job_choices"](),
-                    gr.update(choices=runs), gr.update(choices=runs), gr.update(choices=runs),
-                    evaluate["jobs"](), export["jobs"]())
-
-        app.load(on_load, None, [data["dataset"], train["job_box"], evaluate["run"],
-                                 chat["run_box"], export["run"], evaluate["job_box"],
-                                 export["job_box"]])
+        # Choices of dropdowns refresh when they get focus; on load only the jobs are
+        # picked, so a reopened page shows the running (or latest) job of each kind.
+        app.load(lambda: (train["job_choices"](), evaluate["jobs"](), export["jobs"]()), None,
+                 [train["job_box"], evaluate["job_box"], export["job_box"]])
     return app
 
 

@@ -97,6 +97,7 @@ def build_data_tab(ws: Workspace) -> dict[str, Any]:
     samples = gr.HighlightedText(label="rendered samples (trained tokens highlighted)",
                                  color_map={"trained": "green"}, show_legend=True,
                                  elem_id="data-samples")
+    dataset.focus(lambda: gr.update(choices=dataset_choices(ws.data_dir)), None, dataset)
     upload.upload(actions.upload, upload, [message, dataset])
     preview_btn.click(actions.preview, [dataset, model, template, cutoff, n_samples],
                       [figures, samples, bad_rows])

@@ -194,6 +194,9 @@ def build_train_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
     resume_btn.click(actions.resume, inputs,
                      [message, job_box, widgets["resume_from_checkpoint"]])
     stop_btn.click(actions.stop, job_box, message)
+    for key in ("dataset", "eval_dataset"):
+        widgets[key].focus(lambda: gr.update(choices=dataset_choices(ws.data_dir)), None,
+                           widgets[key])
     shown = gr.State("")  # which curve this page shows, so an unchanged one is not resent
     watch_out = [progress, figures, plot, log_box, shown]
     timer.tick(actions.watch, [job_box, shown], watch_out, show_progress="hidden")
