@@ -16,7 +16,7 @@ import gradio as gr
 from tunesmith.errors import ConfigError, TunesmithError
 from tunesmith.webui.data_view import dataset_choices
 from tunesmith.webui.jobs import RUNNING, JobRunner, command_text, tail_text
-from tunesmith.webui.runs import base_of, finished_runs
+from tunesmith.webui.runs import base_of, finished_runs, model_choices
 from tunesmith.webui.workspace import Workspace, check_paths
 
 EVAL_MODES = ("loss", "predict", "benchmark")
@@ -70,7 +70,7 @@ class ToolActions:
         self.ws, self.runner, self.command = ws, runner, command
 
     def launch(self, cfg: dict[str, Any], out_key: str) -> tuple[str, Any]:
-        known = set(dataset_choices(self.ws.data_dir))
+        known = set(dataset_choices(self.ws.data_dir)) | set(model_choices(self.ws))
         problems = check_paths(self.ws, cfg, known)
         if problems:
             raise ConfigError(problems)
