@@ -9,6 +9,7 @@ import re
 import sys
 
 import pytest
+from playwright.sync_api import expect
 
 from webui_browser import (
     browser_page,
@@ -120,7 +121,13 @@ def test_train_watch_stop_resume_then_chat(page):
     _, first, total = _wait_progress(page, lambda s, k, n: s == "running" and k >= 10, 60,
                                      "the first logged steps")
     assert total == 3000
-    _wait_progress(page, lambda s, k, n: s == "running" and k > first, 30, "progress to move")
+    job_id = field(page, "train-job").input_value()
+    page.reload()  # the browser goes away and comes back: the job runs on and is shown
+    page.get_by_role("tab", name="Train").click()
+    _wait_progress(page, lambda s, k, n: s == "running" and k > first, 30, "the reopened page")
+    assert field(page, "train-job").input_value() == job_id
+    expect(field(page, "cfg-output_dir")).to_have_value("saves/ui-run")  # the job's form
+    expect(field(page, "cfg-max_steps")).to_have_value("3000")
     assert "ETA" in field(page, "train-progress").input_value()
     figures = page.locator("#train-figures").inner_text()
     assert re.search(r"\d+\.\d{4}", figures), figures  # a loss value is shown

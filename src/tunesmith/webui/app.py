@@ -64,7 +64,8 @@ def build_app(work_dir: str) -> Any:
         # Choices of dropdowns refresh when they get focus; on load only the jobs are
         # picked, so a reopened page shows the running (or latest) job of each kind.
         app.load(lambda: (train["job_choices"](), evaluate["jobs"](), export["jobs"]()), None,
-                 [train["job_box"], evaluate["job_box"], export["job_box"]])
+                 [train["job_box"], evaluate["job_box"], export["job_box"]]).then(
+            train["form_of_job"], train["job_box"], train["inputs"])
     return app
 
 

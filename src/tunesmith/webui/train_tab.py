@@ -8,6 +8,7 @@ from typing import Any
 
 import gradio as gr
 import pandas as pd
+import yaml
 
 from tunesmith.config.schema import SECTIONS
 from tunesmith.data.template import builtin_template_names
@@ -19,6 +20,7 @@ from tunesmith.webui.monitor import RunView, figures_text, progress_text, read_r
 from tunesmith.webui.runs import model_choices
 from tunesmith.webui.workspace import Workspace, check_paths
 
+MULTISELECT_KEYS = ("dataset", "eval_dataset")  # lists shown as a multi-select of datasets
 SECTION_TITLES = {"model": "Model", "data": "Data", "finetuning": "Method",
                   "training": "Training"}
 
@@ -31,7 +33,7 @@ def _widget(spec: FieldSpec, ws: Workspace) -> gr.components.Component:
     if spec.key == "template":
         return gr.Dropdown([""] + builtin_template_names(), value="", allow_custom_value=True,
                            **common)
-    if spec.key in ("dataset", "eval_dataset"):
+    if spec.key in MULTISELECT_KEYS:
         return gr.Dropdown(dataset_choices(ws.data_dir), value=[], multiselect=True,
                            allow_custom_value=True, **common)
     if spec.key == "output_dir":
@@ -127,6 +129,23 @@ class TrainActions:
         except TunesmithError as exc:
             return _error(exc)
 
+    def form_of_job(self, job_id: str | None) -> list[Any]:
+        """The form as it was when a job started (its YAML; other keys at defaults), so a
+        reopened page can stop, resume or rerun it."""
+        if not job_id:
+            return [gr.skip() for _ in self.keys]
+        try:
+            saved = yaml.safe_load(Path(self.runner.get(job_id).config).read_text()) or {}
+        except (TunesmithError, OSError, yaml.YAMLError):
+            return [gr.skip() for _ in self.keys]
+        specs = {s.key: s for s in form_fields()}
+        values = []
+        for key in self.keys:
+            value = saved.get(key, specs[key].default)
+            values.append(list(value) if key in MULTISELECT_KEYS else
+                          widget_value(specs[key], value))
+        return values
+
     def job_choices(self, selected: str | None = None) -> Any:
         jobs = self.runner.list("train")
         latest = self.runner.latest("train")
@@ -201,4 +220,6 @@ def build_train_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
     watch_out = [progress, figures, plot, log_box, shown]
     timer.tick(actions.watch, [job_box, shown], watch_out, show_progress="hidden")
     job_box.change(actions.watch, job_box, watch_out, show_progress="hidden")
-    return {"job_box": job_box, "job_choices": actions.job_choices}
+    job_box.input(actions.form_of_job, job_box, inputs)  # picking a job shows its config
+    return {"job_box": job_box, "job_choices": actions.job_choices,
+            "form_of_job": actions.form_of_job, "inputs": inputs}
