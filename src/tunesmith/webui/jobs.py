@@ -167,6 +167,8 @@ class JobRunner:
             return STOPPED if job.stop_requested else ENDED
         if job.returncode == 0:
             return STOPPED if job.stop_requested else FINISHED
+        if job.stop_requested and job.returncode == -signal.SIGTERM:
+            return STOPPED  # stopped while still loading, before the loop could checkpoint
         return FAILED
 
     def stop(self, job_id: str) -> str:
