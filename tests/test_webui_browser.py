@@ -32,6 +32,7 @@ def browser_tab(tiny_llama_dir, tmp_path_factory):
     work = make_workspace(tmp_path_factory.mktemp("webui"), tiny_llama_dir)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(sys.path))  # job children import this tree
+        mp.setenv("OMP_NUM_THREADS", "1")  # tiny model: more threads only contend
         with serve(work) as url, browser_page(url) as pg:
             yield pg
 
@@ -103,14 +104,14 @@ def test_train_watch_stop_resume_then_chat(page):
     page.get_by_role("tab", name="Train").click()
     pick(page, "cfg-model_name_or_path", "models/tiny")
     pick(page, "cfg-dataset", "data/train.json")
-    for key, value in {"max_steps": "3000", "logging_steps": "10", "save_steps": "0",
+    for key, value in {"max_steps": "20000", "logging_steps": "10", "save_steps": "0",
                        "per_device_train_batch_size": "4", "learning_rate": "0.001",
                        "lora_rank": "4", "output_dir": "saves/ui-run"}.items():
         field(page, f"cfg-{key}").fill(value)
     page.locator("#train-preview").click()
     page.wait_for_function("document.querySelector('#train-yaml').innerText.includes('max_steps')")
     yaml_text = page.locator("#train-yaml").inner_text()
-    for line in ("model_name_or_path: models/tiny", "- data/train.json", "max_steps: 3000",
+    for line in ("model_name_or_path: models/tiny", "- data/train.json", "max_steps: 20000",
                  "output_dir: saves/ui-run", "lora_rank: 4"):
         assert line in yaml_text, yaml_text
     assert "python -m tunesmith train" in field(page, "train-cli").input_value()
@@ -120,14 +121,14 @@ def test_train_watch_stop_resume_then_chat(page):
         "document.querySelector('#train-message').innerText.includes('Started job')")
     _, first, total = _wait_progress(page, lambda s, k, n: s == "running" and k >= 10, 60,
                                      "the first logged steps")
-    assert total == 3000
+    assert total == 20000
     job_id = field(page, "train-job").input_value()
     page.reload()  # the browser goes away and comes back: the job runs on and is shown
     page.get_by_role("tab", name="Train").click()
     _wait_progress(page, lambda s, k, n: s == "running" and k > first, 30, "the reopened page")
     assert field(page, "train-job").input_value() == job_id
     expect(field(page, "cfg-output_dir")).to_have_value("saves/ui-run")  # the job's form
-    expect(field(page, "cfg-max_steps")).to_have_value("3000")
+    expect(field(page, "cfg-max_steps")).to_have_value("20000")
     assert "ETA" in field(page, "train-progress").input_value()
     figures = page.locator("#train-figures").inner_text()
     assert re.search(r"\d+\.\d{4}", figures), figures  # a loss value is shown

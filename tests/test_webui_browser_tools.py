@@ -45,6 +45,7 @@ def browser_tab(tiny_llama_dir, tmp_path_factory):
     work = make_workspace(tmp_path_factory.mktemp("webui-tools"), tiny_llama_dir)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", os.pathsep.join(sys.path))  # job children import this tree
+        mp.setenv("OMP_NUM_THREADS", "1")  # tiny model: more threads only contend
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("TUNESMITH_CACHE", str(work / "cache"))
         make_finished_run(work)

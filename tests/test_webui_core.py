@@ -133,6 +133,7 @@ def _wait(predicate, timeout: float, what: str) -> None:
 def test_job_stops_cleanly_with_a_resumable_checkpoint(ws, tiny_llama_dir, alpaca_file,
                                                              monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(sys.path))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # a tiny model: threads only contend
     (ws.root / "models").mkdir()
     (ws.root / "models" / "tiny").symlink_to(tiny_llama_dir)  # read only; never written
     (ws.data_dir / "train.json").write_text(alpaca_file.read_text())
