@@ -46,8 +46,14 @@ class ModelConfig:
     cache_dir: str = opt("", "Where converted models and downloads are cached "
                          "(default ~/.cache/tunesmith, or $TUNESMITH_CACHE).", advanced=True)
     attn_implementation: str = opt(
-        "sdpa", "Attention kernel: sdpa, eager, or a name registered with transformers.",
-        advanced=True)
+        "sdpa", "Attention kernel: sdpa, eager, varlen (padding-free FlashAttention for packed "
+        "batches), or a name registered with transformers.", advanced=True)
+    enable_liger_kernel: bool = opt(
+        False, "Swap RMSNorm and SwiGLU for liger-kernel's fused kernels (needs the liger-kernel "
+        "package; GPU).", advanced=True)
+    torch_compile: bool = opt(
+        False, "Compile each decoder layer with torch.compile (regional compilation: fuses "
+        "norms, RoPE, activations; first steps are slower while it compiles).", advanced=True)
 
 
 @dataclass
@@ -131,7 +137,8 @@ class TrainingConfig:
         5, "Stop after this many consecutive skipped steps with a non-finite loss or gradient.",
         minimum=1, advanced=True)
     loss_chunk_size: int = opt(
-        1024, "Rows per chunk in the fused linear cross-entropy.", minimum=1, advanced=True)
+        0, "Rows per chunk in the fused linear cross-entropy (0: automatic, about 512 MiB of "
+        "fp32 logits per chunk).", minimum=0, advanced=True)
     loss_impl: Literal["chunked", "reference"] = opt(
         "chunked", "Loss: chunked linear cross-entropy or the plain reference path.",
         advanced=True)

@@ -24,13 +24,32 @@ class Batch:
     target_ids: torch.Tensor  # [K] int64
     n_targets: int
     n_tokens: int  # real (non-pad) tokens
+    # packed (padding-free) batches only:
+    position_ids: torch.Tensor | None = None  # [B, T] restarting at 0 in every sample
+    segment_ids: torch.Tensor | None = None  # [B, T] 1..k per row, 0 on padding
+    cu_seqlens: torch.Tensor | None = None  # [n+1] int32 over the flattened [B*T] tokens
+    max_seqlen: int = 0
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
-        return Batch(self.input_ids.to(device, non_blocking=nb),
-                     self.attention_mask.to(device, non_blocking=nb),
-                     self.target_index.to(device, non_blocking=nb),
-                     self.target_ids.to(device, non_blocking=nb), self.n_targets, self.n_tokens)
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=nb)
+
+        return Batch(move(self.input_ids), move(self.attention_mask), move(self.target_index),
+                     move(self.target_ids), self.n_targets, self.n_tokens,
+                     move(self.position_ids), move(self.segment_ids), move(self.cu_seqlens),
+                     self.max_seqlen)
+
+    def lengths(self) -> list[int]:
+        """Real length of every sample in the batch (several per row when packed)."""
+        if self.segment_ids is None:
+            return [int(n) for n in self.attention_mask.sum(dim=1).tolist()]
+        out: list[int] = []
+        for row in self.segment_ids:
+            ids, counts = torch.unique_consecutive(row, return_counts=True)
+            out += [int(c) for c in counts[ids > 0].tolist()]
+        return out
 
 
 def collate(samples: list[EncodedSample], pad_id: int) -> Batch:
