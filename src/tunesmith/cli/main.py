@@ -19,6 +19,7 @@ commands:
   env                                                    versions and devices, for bug reports
   export CONFIG.yaml [key=value ...]                     merge adapters; write an HF folder or GGUF
   bench [--groups main,full,liger] [--out DIR] [--tiny]  GPU training benchmark vs HF+PEFT/Liger
+  webui [--work_dir DIR] [--host H] [--port P] [--auth USER:PASSWORD] [--share]   the web UI
 """
 
 
@@ -29,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     commands = {"train": cmd_train, "chat": cmd_chat, "env": cmd_env, "export": cmd_export,
-                "bench": cmd_bench, "api": cmd_api, "eval": cmd_eval}
+                "bench": cmd_bench, "api": cmd_api, "eval": cmd_eval, "webui": cmd_webui}
     if command not in commands:
         print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
@@ -174,6 +175,12 @@ def cmd_eval(args: list[str]) -> int:
     from tunesmith.cli.evaluate import cmd_eval as run_eval
 
     return run_eval(args)
+
+
+def cmd_webui(args: list[str]) -> int:
+    from tunesmith.cli.webui import cmd_webui as run
+
+    return run(args)
 
 
 def cmd_env(args: list[str]) -> int:

@@ -26,6 +26,11 @@ def api_key() -> str:
     return os.environ.get("API_KEY", "")
 
 
+def webui_auth() -> str:
+    """Login for `tunesmith webui` as user:password ($TUNESMITH_WEBUI_AUTH); empty: none."""
+    return os.environ.get("TUNESMITH_WEBUI_AUTH", "")
+
+
 def distributed_env() -> dict[str, int]:
     """torchrun's variables for this process (rank 0 of 1 when not launched by torchrun)."""
     return {

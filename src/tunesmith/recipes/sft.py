@@ -122,6 +122,9 @@ def run_sft(cfg: Config) -> dict[str, Any]:
             metrics.close()
             if t.plot_loss:
                 plot_loss(out / "metrics.jsonl", out / "loss.png")
+    if result.stopped:  # graceful stop: the checkpoint is the output; resume to finish
+        barrier(ctx)
+        return {"stopped": True, "steps": result.state.step, "checkpoint": str(result.checkpoint)}
     gathered = trainer.strategy.export_state(adapter=lora)  # collective when sharded
     summary: dict[str, Any] = {}
     if ctx.is_main:

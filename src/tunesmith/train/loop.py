@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -78,6 +80,8 @@ class LoopResult:
     total_steps: int
     eval_loss: float | None
     throughput: dict[str, Any]
+    stopped: bool = False  # a stop was requested (SIGTERM/SIGINT); a checkpoint was written
+    checkpoint: Path | None = None  # the checkpoint written at the stop
 
 
 class Trainer:
@@ -114,6 +118,7 @@ class Trainer:
                               "per_device_train_batch_size for distributed training")
         self.sizer = (MicroBatchSizer(self.bs * self.accum, cfg.memory_threshold, device)
                       if cfg.auto_batch_size else None)
+        self.stop_requested = False  # set by request_stop(); checked after each optimizer step
 
     # ----- data position -------------------------------------------------------------
     def _step_batches(self) -> list[Shard]:
@@ -268,8 +273,52 @@ class Trainer:
         if self.ctx.is_main:
             print(f"resumed from {path} (step {self.state.step} of {self.total_steps})")
 
+    # ----- graceful stop ---------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Finish the current optimizer step, write a checkpoint and return from run()."""
+        self.stop_requested = True
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGINT and self.stop_requested:
+            raise KeyboardInterrupt  # a second Ctrl-C aborts at once
+        name = signal.Signals(signum).name
+        tqdm.write(f"{name} received: stopping after this optimizer step with a checkpoint "
+                   "(Ctrl-C again aborts without one)")
+        self.request_stop()
+
+    def _install_stop_handlers(self) -> dict[int, Any]:
+        """SIGTERM/SIGINT -> graceful stop while the loop runs (main thread only)."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        return {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM,
+                                                                      signal.SIGINT)}
+
+    def _stop_with_checkpoint(self) -> Path:
+        path = self.save()
+        self._write_metrics({"step": self.state.step, "stopped": True, "checkpoint": str(path),
+                             "total_steps": self.total_steps})
+        if self.ctx.is_main:
+            tqdm.write(f"stopped at step {self.state.step} of {self.total_steps}; checkpoint "
+                       f"{path}; continue with resume_from_checkpoint: auto")
+        return path
+
+    def _stop_agreed(self) -> bool:
+        """Whether to stop now: a signal may reach the ranks at different steps, so every
+        rank stops as soon as any one of them was asked to."""
+        if not self.ctx.distributed:
+            return self.stop_requested
+        return all_reduce_sum([float(self.stop_requested)], self.ctx)[0] > 0
+
     # ----- the loop --------------------------------------------------------------------
     def run(self) -> LoopResult:
+        previous = self._install_stop_handlers()
+        try:
+            return self._run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _run(self) -> LoopResult:
         s, cfg = self.state, self.cfg
         self.strategy.loss_module.train()
         bar = tqdm(total=self.total_steps, initial=s.step, desc="train", unit="step",
@@ -294,6 +343,11 @@ class Trainer:
                 window_losses = []
             if cfg.eval_steps and s.step % cfg.eval_steps == 0 and cfg.eval_strategy != "no":
                 eval_loss = self._log_eval()
+            if s.step < self.total_steps and self._stop_agreed():
+                bar.close()
+                return LoopResult(s, self.total_steps, eval_loss,
+                                  self.throughput.summary(s.elapsed), stopped=True,
+                                  checkpoint=self._stop_with_checkpoint())
             if cfg.save_steps and s.step % cfg.save_steps == 0 and s.step < self.total_steps:
                 self.save()
         bar.close()

@@ -1,0 +1,142 @@
+"""The Chat tab: load a base model (+ the adapter of a run), chat with streaming."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import gradio as gr
+
+from tunesmith.errors import TunesmithError
+from tunesmith.infer.engine import GenerationParams, HFEngine
+from tunesmith.webui.runs import base_of, finished_runs, model_choices
+from tunesmith.webui.workspace import Workspace, check_paths
+
+
+class EngineSlot:
+    """The one loaded engine of the web UI (a model is large: one at a time)."""
+
+    def __init__(self) -> None:
+        self.engine: HFEngine | None = None
+        self.description = ""
+        self.lock = threading.Lock()
+
+
+class ChatActions:
+    def __init__(self, ws: Workspace, slot: EngineSlot):
+        self.ws, self.slot = ws, slot
+
+    def pick_run(self, run: str | None) -> tuple[Any, str]:
+        """Fill the model and adapter fields from a finished run or checkpoint."""
+        if not run:
+            return gr.skip(), ""
+        try:
+            model, adapters = base_of(self.ws, run)
+        except TunesmithError as exc:
+            return gr.skip(), str(exc)
+        return gr.update(value=model), ", ".join(adapters)
+
+    def load(self, model: str | None, adapters: str, template: str,
+             trust_remote_code: bool) -> str:
+        adapter_list = [a.strip() for a in (adapters or "").split(",") if a.strip()]
+        flat = {"model_name_or_path": model or "", "adapter_name_or_path": adapter_list}
+        problems = check_paths(self.ws, flat, set(model_choices(self.ws)))
+        if not model:
+            problems.append("model_name_or_path: pick a model or a finished run")
+        if problems:
+            return "**Error**: " + "; ".join(problems)
+        local = self.ws.root / model
+        model_arg = str(local) if local.exists() else model
+        paths = [str(self.ws.inside(a, "adapter_name_or_path")) for a in adapter_list]
+        with self.slot.lock:
+            self.slot.engine = None  # free the previous model first
+            try:
+                self.slot.engine = HFEngine(model_arg, paths, template or "", "auto",
+                                            trust_remote_code)
+            except TunesmithError as exc:
+                return f"**Error**: {exc}"
+            self.slot.description = model + (f" + {', '.join(adapter_list)}" if adapter_list
+                                             else "")
+        return f"Loaded {self.slot.description}."
+
+    def respond(self, text: str, history: list[dict], system: str, temperature: float,
+                top_p: float, top_k: float, max_new_tokens: float, repetition_penalty: float,
+                seed: float | None = None) -> Iterator[tuple[list[dict], str]]:
+        """Stream the answer into the chat history."""
+        history = list(history or [])
+        engine = self.slot.engine
+        if not text.strip():
+            yield history, ""
+            return
+        if engine is None:
+            history += [{"role": "user", "content": text},
+                        {"role": "assistant", "content": "(load a model first)"}]
+            yield history, ""
+            return
+        messages = ([{"role": "system", "content": system}] if system.strip() else []) + [
+            {"role": m["role"], "content": _text(m["content"])} for m in history] + [
+            {"role": "user", "content": text}]
+        params = GenerationParams(int(max_new_tokens), float(temperature), float(top_p),
+                                  int(top_k), float(repetition_penalty),
+                                  seed=None if seed is None or seed < 0 else int(seed))
+        history += [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
+        for piece in engine.stream(messages, params):
+            history[-1]["content"] += piece
+            yield history, ""
+        yield history, ""
+
+
+def _text(content: Any) -> str:
+    """Gradio may hand back message content as a list of parts; keep the text."""
+    if isinstance(content, list):
+        return "".join(p.get("text", "") if isinstance(p, dict) else str(p) for p in content)
+    return str(content)
+
+
+def build_chat_tab(ws: Workspace, slot: EngineSlot) -> dict[str, Any]:
+    actions = ChatActions(ws, slot)
+    with gr.Row():
+        run_box = gr.Dropdown(finished_runs(ws), value=None, allow_custom_value=True,
+                              label="finished run or checkpoint",
+                              info="fills the base model and adapter", elem_id="chat-run")
+        model_box = gr.Dropdown(model_choices(ws), value=None, allow_custom_value=True,
+                                label="model_name_or_path", elem_id="chat-model")
+        adapter_box = gr.Textbox(label="adapter_name_or_path",
+                                 info="adapter folder(s) inside the working folder",
+                                 elem_id="chat-adapter")
+    with gr.Row():
+        template_box = gr.Textbox(label="template", info="empty: the adapter's or tokenizer's",
+                                  elem_id="chat-template")
+        trust_box = gr.Checkbox(False, label="trust_remote_code",
+                                info="run model code from the model folder (off unless you "
+                                     "trust it)")
+        load_btn = gr.Button("Load model", variant="primary", elem_id="chat-load")
+    status = gr.Markdown(elem_id="chat-status")
+    with gr.Row():
+        with gr.Column(scale=3):
+            chatbot = gr.Chatbot(label="chat", elem_id="chat-box", height=360)
+            prompt = gr.Textbox(label="message", placeholder="Type and press Enter",
+                                elem_id="chat-input")
+            with gr.Row():
+                send = gr.Button("Send", variant="primary", elem_id="chat-send")
+                clear = gr.Button("Clear", elem_id="chat-clear")
+        with gr.Column(scale=1):
+            system = gr.Textbox(label="system prompt", lines=2)
+            temperature = gr.Slider(0, 2, value=0.7, step=0.05, label="temperature",
+                                    info="0: greedy", elem_id="chat-temperature")
+            top_p = gr.Slider(0.05, 1, value=1.0, step=0.05, label="top_p")
+            top_k = gr.Slider(0, 200, value=0, step=1, label="top_k", info="0: off")
+            max_new = gr.Slider(1, 4096, value=256, step=1, label="max_new_tokens",
+                                elem_id="chat-max-new")
+            rep = gr.Slider(1.0, 2.0, value=1.0, step=0.05, label="repetition_penalty")
+            seed = gr.Number(-1, precision=0, label="seed", info="-1: random",
+                             elem_id="chat-seed")
+    run_box.focus(lambda: gr.update(choices=finished_runs(ws)), None, run_box)
+    run_box.change(actions.pick_run, run_box, [model_box, adapter_box])
+    load_btn.click(actions.load, [model_box, adapter_box, template_box, trust_box], status)
+    chat_in = [prompt, chatbot, system, temperature, top_p, top_k, max_new, rep, seed]
+    send.click(actions.respond, chat_in, [chatbot, prompt])
+    prompt.submit(actions.respond, chat_in, [chatbot, prompt])
+    clear.click(lambda: ([], ""), None, [chatbot, prompt])
+    return {"run_box": run_box, "model_box": model_box}

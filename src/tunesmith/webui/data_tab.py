@@ -1,0 +1,104 @@
+"""The Data tab: pick or upload a dataset, see it rendered as training will see it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from tunesmith.config.schema import DataConfig
+from tunesmith.data.registry import DATA_FILE_SUFFIXES
+from tunesmith.data.template import builtin_template_names
+from tunesmith.errors import ConfigError, TunesmithError
+from tunesmith.webui.data_view import Highlighted, dataset_choices, inspect_dataset
+from tunesmith.webui.runs import model_choices
+from tunesmith.webui.workspace import Workspace, check_paths, safe_file_name
+
+SEPARATOR: Highlighted = [("\n\n──────── next sample ────────\n\n", None)]
+
+
+class DataActions:
+    def __init__(self, ws: Workspace):
+        self.ws = ws
+
+    def upload(self, file_path: str | None) -> tuple[str, Any]:
+        """Copy an uploaded file into the data folder (plain name, data suffix only)."""
+        if not file_path:
+            return "", gr.skip()
+        try:
+            name = safe_file_name(Path(file_path).name)
+            if Path(name).suffix.lower() not in DATA_FILE_SUFFIXES:
+                raise ConfigError(f"upload: {name!r} is not a data file; use "
+                                  f"{', '.join(DATA_FILE_SUFFIXES)}")
+            target = self.ws.inside(f"data/{name}", "upload")
+            if target.parent != self.ws.data_dir:
+                raise ConfigError(f"upload: {name!r} would leave the data folder")
+            shutil.copyfile(file_path, target)
+        except TunesmithError as exc:
+            return f"**Error**: {exc}", gr.skip()
+        choice = f"{self.ws.data_dir.name}/{name}"
+        return (f"Stored as `{choice}`.",
+                gr.update(choices=dataset_choices(self.ws.data_dir), value=choice))
+
+    def preview(self, dataset: str | None, model: str | None, template: str,
+                cutoff_len: float, n_samples: float) -> tuple[str, Highlighted, str]:
+        known = set(dataset_choices(self.ws.data_dir))
+        problems = check_paths(self.ws, {"dataset": [dataset or ""],
+                                         "model_name_or_path": model or ""},
+                               known | set(model_choices(self.ws)))
+        if not dataset or not model:
+            problems.append("pick a dataset and a model (its tokenizer renders the samples)")
+        if problems:
+            return "**Error**: " + "; ".join(problems), [], ""
+        local_model = self.ws.root / model
+        name = dataset if "/" not in dataset and not (self.ws.root / dataset).exists() else str(
+            self.ws.inside(dataset, "dataset"))
+        cfg = DataConfig(dataset_dir=str(self.ws.data_dir), cutoff_len=int(cutoff_len),
+                         on_bad_row="skip")
+        try:
+            view = inspect_dataset(name, cfg, str(local_model) if local_model.exists()
+                                   else model, template or "", int(n_samples))
+        except TunesmithError as exc:
+            return f"**Error**: {exc}", [], ""
+        samples: Highlighted = []
+        for i, sample in enumerate(view.samples):
+            samples += (SEPARATOR if i else []) + sample
+        return _figures_table(view.figures), samples, view.bad_rows
+
+
+def _figures_table(figures: dict[str, Any]) -> str:
+    rows = "\n".join(f"| {k.replace('_', ' ')} | {v} |" for k, v in figures.items())
+    return "| figure | value |\n|---|---|\n" + rows
+
+
+def build_data_tab(ws: Workspace) -> dict[str, Any]:
+    actions = DataActions(ws)
+    with gr.Row():
+        dataset = gr.Dropdown(dataset_choices(ws.data_dir), value=None, label="dataset",
+                              info=f"names of {ws.data_dir.name}/dataset_info.json, built-ins "
+                                   "and files in the data folder", allow_custom_value=True,
+                              elem_id="data-dataset")
+        upload = gr.File(label="upload a data file (stored in the data folder)",
+                         file_types=list(DATA_FILE_SUFFIXES), elem_id="data-upload")
+    with gr.Row():
+        model = gr.Dropdown(model_choices(ws), value=None, allow_custom_value=True,
+                            label="model (tokenizer and its template)", elem_id="data-model")
+        template = gr.Dropdown([""] + builtin_template_names(), value="", label="template",
+                               allow_custom_value=True, elem_id="data-template")
+        cutoff = gr.Number(2048, precision=0, minimum=8, label="cutoff_len")
+        n_samples = gr.Number(3, precision=0, minimum=1, maximum=20, label="samples shown")
+    preview_btn = gr.Button("Preview", variant="primary", elem_id="data-preview")
+    message = gr.Markdown(elem_id="data-message")
+    with gr.Row():
+        figures = gr.Markdown(elem_id="data-figures")
+        bad_rows = gr.Textbox(label="bad rows (skipped in this preview)", lines=6)
+    samples = gr.HighlightedText(label="rendered samples (trained tokens highlighted)",
+                                 color_map={"trained": "green"}, show_legend=True,
+                                 elem_id="data-samples")
+    dataset.focus(lambda: gr.update(choices=dataset_choices(ws.data_dir)), None, dataset)
+    upload.upload(actions.upload, upload, [message, dataset])
+    preview_btn.click(actions.preview, [dataset, model, template, cutoff, n_samples],
+                      [figures, samples, bad_rows])
+    return {"dataset": dataset}

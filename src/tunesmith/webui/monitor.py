@@ -1,0 +1,94 @@
+"""What the Train tab shows about a run, read from its metrics.jsonl (and nothing else).
+
+The trainer appends one JSON line per logged step (step, loss, lr, tokens_per_s,
+peak_mem_gb, elapsed_s, eta_s, total_steps), eval lines (eval_loss) and a `stopped` line
+on a graceful stop; the page re-reads the file on a timer.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tunesmith.train.metrics import read_metrics
+
+
+@dataclass
+class RunView:
+    """The figures of a run at one moment."""
+
+    step: int = 0
+    total_steps: int = 0
+    loss: float | None = None
+    lr: float | None = None
+    tokens_per_s: float | None = None
+    peak_mem_gb: float | None = None
+    elapsed_s: float | None = None
+    eta_s: float | None = None
+    eval_loss: float | None = None
+    stopped_at: int | None = None
+    curve: list[dict[str, Any]] = field(default_factory=list)  # step, loss, series
+
+
+def read_run(output_dir: Path) -> RunView:
+    """Summarise `output_dir/metrics.jsonl` (an empty view before the first step)."""
+    view = RunView()
+    for r in read_metrics(output_dir / "metrics.jsonl"):
+        if r.get("stopped"):
+            view.stopped_at = int(r["step"])
+        elif "eval_loss" in r:
+            view.eval_loss = float(r["eval_loss"])
+            view.curve.append({"step": r["step"], "loss": view.eval_loss, "series": "eval"})
+        elif "loss" in r:
+            _take_step(view, r)
+    return view
+
+
+def _take_step(view: RunView, r: dict[str, Any]) -> None:
+    view.step = int(r["step"])
+    if view.stopped_at is not None and view.step > view.stopped_at:
+        view.stopped_at = None  # the run was resumed past its stop
+    view.total_steps = int(r.get("total_steps") or view.total_steps)
+    view.loss = float(r["loss"])
+    view.lr = r.get("lr")
+    view.tokens_per_s = r.get("tokens_per_s")
+    view.peak_mem_gb = r.get("peak_mem_gb")
+    view.elapsed_s = r.get("elapsed_s")
+    view.eta_s = r.get("eta_s")
+    if math.isfinite(view.loss):
+        view.curve.append({"step": view.step, "loss": view.loss, "series": "train"})
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def progress_text(view: RunView, status: str) -> str:
+    """One line: status, step k/N, percentage, elapsed, ETA."""
+    if not view.total_steps:
+        if status == "running":
+            return "running: loading the model and data, waiting for the first logged step"
+        return f"{status} before the first logged step; see the log"
+    pct = 100.0 * view.step / view.total_steps
+    text = (f"{status}: step {view.step}/{view.total_steps} ({pct:.0f}%) · elapsed "
+            f"{format_duration(view.elapsed_s)} · ETA {format_duration(view.eta_s)}")
+    if view.stopped_at is not None and status != "running":
+        text += f" · stopped at step {view.stopped_at} with a checkpoint (Resume continues it)"
+    return text
+
+
+def figures_text(view: RunView) -> str:
+    """Loss, learning rate, throughput and memory as a Markdown table row."""
+    def num(value: Any, fmt: str) -> str:
+        return format(value, fmt) if isinstance(value, int | float) else "–"
+
+    return ("| loss | eval loss | learning rate | tokens/s | peak memory |\n|---|---|---|---|---|\n"
+            f"| {num(view.loss, '.4f')} | {num(view.eval_loss, '.4f')} | {num(view.lr, '.3g')} "
+            f"| {num(view.tokens_per_s, '.0f')} | {num(view.peak_mem_gb, '.2f')} GB |")
