@@ -1,7 +1,8 @@
 """Conversations -> token ids + labels (loss mask), with truncation that is always counted.
 
 Token ids are those of tokenising the full rendered text once (as `apply_chat_template`
-does), and a token is trained when it starts inside a trained character span.
+does), and a token is trained when its characters overlap a trained character span (so a
+token straddling the start of an answer, such as " The" after "Assistant:", is trained).
 """
 
 from __future__ import annotations
