@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 from tunesmith.config.schema import TrainingConfig
 from tunesmith.data.batching import Batch, collate, epoch_batches, steps_per_epoch
 from tunesmith.data.encode import EncodedSample
+from tunesmith.data.loader import LoaderOptions, batch_iterator
 from tunesmith.errors import TrainingError
 from tunesmith.train.checkpoint import (
     latest_checkpoint,
@@ -65,14 +66,17 @@ class Trainer:
                  train: list[EncodedSample], val: list[EncodedSample], cfg: TrainingConfig,
                  *, pad_id: int, device: torch.device, output_dir: Path,
                  metrics: MetricsLog, checkpoint_extra: Any = None,
-                 flops_per_token: Any = None):
+                 flops_per_token: Any = None, loader: LoaderOptions | None = None):
         self.model, self.objective, self.cfg = model, objective, cfg
         self.train, self.val = train, val
         self.pad_id, self.device, self.output_dir = pad_id, device, output_dir
         self.metrics, self.checkpoint_extra = metrics, checkpoint_extra
         self.accum = cfg.gradient_accumulation_steps
         self.bs = cfg.per_device_train_batch_size
-        self.steps_per_epoch = steps_per_epoch(len(train), self.bs, self.accum)
+        self.loader = loader or LoaderOptions()
+        self._plans: dict[int, list[list[int]]] = {}
+        self.steps_per_epoch = steps_per_epoch(len(train), self.bs, self.accum,
+                                               len(self.epoch_plan(0)))
         self.total_steps = cfg.max_steps or math.ceil(cfg.num_train_epochs * self.steps_per_epoch)
         self.optimizer = build_optimizer(model, cfg)
         self.scheduler = build_scheduler(self.optimizer, cfg, self.total_steps)
@@ -84,10 +88,19 @@ class Trainer:
         self.throughput = Throughput(device, flops_per_token)
 
     # ----- data position -------------------------------------------------------------
+    def epoch_plan(self, epoch: int) -> list[list[int]]:
+        """Micro-batches (sample indices) of an epoch: a pure function of (seed, epoch)."""
+        if epoch not in self._plans:
+            self._plans = {e: p for e, p in self._plans.items() if e >= epoch - 1}
+            self._plans[epoch] = epoch_batches(
+                len(self.train), self.bs, epoch, self.cfg.seed,
+                getattr(self.train, "lengths", None), self.loader.batch_tokens)
+        return self._plans[epoch]
+
     def _step_batches(self) -> list[list[int]]:
         """Sample indices of the micro-batches of the next optimizer step (advances state)."""
         s = self.state
-        order = epoch_batches(len(self.train), self.bs, s.epoch, self.cfg.seed)
+        order = self.epoch_plan(s.epoch)
         chunk = order[s.batch_in_epoch:s.batch_in_epoch + self.accum]
         s.batch_in_epoch += len(chunk)
         if s.batch_in_epoch >= len(order):
@@ -193,10 +206,11 @@ class Trainer:
         start = time.perf_counter() - s.elapsed
         eval_loss = None
         window_losses: list[float] = []
+        batches = batch_iterator(self.train, self.epoch_plan, s.epoch, s.batch_in_epoch,
+                                 self.pad_id, self.loader, self.device)
         while s.step < self.total_steps:
             t0 = time.perf_counter()
-            micro = [collate([self.train[i] for i in idx], self.pad_id)
-                     for idx in self._step_batches()]
+            micro = [next(batches) for _ in self._step_batches()]
             self.throughput.add_data_wait(time.perf_counter() - t0)
             loss, norm = self._train_step(micro)
             s.step += 1

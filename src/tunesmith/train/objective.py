@@ -31,8 +31,14 @@ class NextTokenObjective:
 
     def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         trunk, head = split_causal_lm(model)
-        out = trunk(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                    use_cache=False)
+        if batch.segment_ids is None:
+            out = trunk(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                        use_cache=False)
+        else:  # packed rows: own positions per sample, attention only inside each sample
+            dtype = next(trunk.parameters()).dtype
+            out = trunk(input_ids=batch.input_ids, position_ids=batch.position_ids,
+                        attention_mask=packed_attention_mask(batch.segment_ids, dtype),
+                        use_cache=False)
         hidden = out.last_hidden_state  # [B, T, H]
         rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index)  # [K, H]
         if getattr(head, "bias", None) is not None:  # rare; the plain path handles the bias
@@ -41,3 +47,19 @@ class NextTokenObjective:
         if self.loss_impl == "reference":
             return linear_cross_entropy_reference(rows, head.weight, batch.target_ids)
         return chunked_linear_cross_entropy(rows, head.weight, batch.target_ids, self.chunk_size)
+
+
+def packed_attention_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Block-diagonal causal mask of packed rows, additive: 0 where a query may attend.
+
+    segment_ids: [B, T] (1..k per sample, 0 on padding, which attends only to padding).
+    Returns [B, 1, T, T] in `dtype`. This is the reference path for sdpa/eager attention; a
+    varlen attention kernel uses the batch's cu_seqlens instead and skips this mask.
+    """
+    t = segment_ids.shape[1]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [B, T, T]
+    causal = torch.ones(t, t, dtype=torch.bool, device=segment_ids.device).tril()
+    allowed = same & causal
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=segment_ids.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]  # [B, 1, T, T]
