@@ -24,9 +24,13 @@ def resample(n: int, target: int, seed: int) -> np.ndarray:
     return np.concatenate([np.arange(n), rng.choice(n, target - n, replace=True)])
 
 
-def mix_plan(sizes: list[int], strategy: str, probs: list[float], seed: int
+def mix_plan(sizes: list[int], strategy: str, probs: list[float] | list[str], seed: int
              ) -> tuple[np.ndarray, np.ndarray]:
     """(which dataset, index within it) of every mixed sample, in mixed order."""
+    try:
+        probs = [float(p) for p in probs]
+    except ValueError:
+        raise ConfigError(f"interleave_probs: {probs} must be numbers") from None
     if strategy not in MIX_STRATEGIES:
         raise ConfigError(f"mix_strategy: {strategy!r} is not one of {', '.join(MIX_STRATEGIES)}")
     if strategy == "concat" or len(sizes) == 1:
