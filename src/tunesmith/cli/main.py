@@ -13,6 +13,8 @@ commands:
   train CONFIG.yaml [key=value ...] [--key value ...]   fine-tune a model
   chat  [--model_name_or_path M] [--adapter_name_or_path A] [--template T] [--prompt TEXT]
   env                                                    versions and devices, for bug reports
+  data inspect CONFIG.yaml|DATASET [--model M] [--template T] [key=value ...]
+                                                         counts, lengths, truncation, packing, a sample
 """
 
 
@@ -22,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
-    commands = {"train": cmd_train, "chat": cmd_chat, "env": cmd_env}
+    commands = {"train": cmd_train, "chat": cmd_chat, "env": cmd_env, "data": cmd_data}
     if command not in commands:
         print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
@@ -119,6 +121,12 @@ def _answer(engine, messages, params) -> str:
         pieces.append(piece)
     print()
     return "".join(pieces)
+
+
+def cmd_data(args: list[str]) -> int:
+    from tunesmith.cli.data_inspect import cmd_data as run
+
+    return run(args)
 
 
 def cmd_env(args: list[str]) -> int:
