@@ -76,6 +76,7 @@ def test_template_ids_and_mask(tiny_tokenizer, template, kind):
                                              EncodeOptions(cutoff_len=4096))
     assert stats.bad == [] and len(samples) == 1
     assert "render_messages" not in vars(renderer), "fell back to the slow tokenizer path"
+    assert renderer.placer.byte_lengths is not None, "byte-level placement switched itself off"
     sample = samples[0]
     assert sample.input_ids.tolist() == _apply(tiny_tokenizer, conv.dicts(), tools, source)
 

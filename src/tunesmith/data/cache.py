@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,37 @@ _CHUNK = 1 << 22
 
 
 def file_digest(path: Path) -> str:
-    """Digest of a file's bytes (or of every file under a folder, in name order)."""
+    """Digest of a file's bytes (or of every file under a folder, in name order).
+
+    The digest of a file is remembered next to the cache with the file's size and
+    modification time, and computed again only when one of them changes, so a cached
+    dataset of any size reopens without reading its source files."""
+    memo = cache_root() / "datasets" / "digests" / (
+        hashlib.sha1(str(path.resolve()).encode()).hexdigest() + ".json")
+    stamp = _stamp(path)
+    try:
+        saved = json.loads(memo.read_text(encoding="utf-8"))
+        if saved["stamp"] == stamp:
+            return saved["digest"]
+    except (OSError, ValueError, KeyError):
+        pass
+    digest = _content_digest(path)
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"stamp": stamp, "digest": digest}), encoding="utf-8")
+        os.replace(tmp, memo)
+    except OSError:  # a read-only cache still works, it just hashes again next time
+        pass
+    return digest
+
+
+def _stamp(path: Path) -> list[list[Any]]:
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    return [[str(p), st.st_size, st.st_mtime_ns] for p in files for st in [p.stat()]]
+
+
+def _content_digest(path: Path) -> str:
     h = hashlib.blake2b(digest_size=20)
     paths = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for p in paths:

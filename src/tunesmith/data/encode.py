@@ -16,6 +16,7 @@ import numpy as np
 
 from tunesmith.data.conversation import Conversation
 from tunesmith.data.template import ChatRenderer, Span
+from tunesmith.data.tokens import trained_mask
 from tunesmith.errors import DataError
 
 IGNORE_INDEX = -100
@@ -95,17 +96,12 @@ def encode_conversations(convs: list[Conversation], renderer: ChatRenderer | Non
         except DataError as exc:  # the template refused this conversation: a bad row
             stats.bad.append((c.source, str(exc)))
     convs = kept
-    enc = tokenizer([r.text for r in rendered], add_special_tokens=False,
-                    return_offsets_mapping=True)
+    spans = [trained_spans(r.assistant_spans, len(r.text), opts) for r in rendered]
+    placed = renderer.placer.place([r.text for r in rendered], spans)
     out: list[EncodedSample] = []
     sources: list[str] = []
-    for conv, r, ids, offsets in zip(convs, rendered, enc["input_ids"], enc["offset_mapping"],
-                                     strict=True):
-        ids = np.asarray(ids, dtype=np.int32)
-        bounds = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)  # [T, 2] char start, end
-        trained = np.zeros(len(ids), dtype=bool)
-        for lo, hi in trained_spans(r.assistant_spans, len(r.text), opts):
-            trained |= (bounds[:, 0] < hi) & (bounds[:, 1] > lo)
+    for conv, (ids, bounds), sp in zip(convs, placed, spans, strict=True):
+        trained = trained_mask(bounds, sp)
         sample = _truncate(conv, ids, trained, opts, stats)
         if sample is not None:
             _keep(sample, conv.source, out, sources, stats)
