@@ -6,8 +6,8 @@ import json
 import re
 
 import pytest
-from datahelp import alpaca_rows, prepare, write_jsonl
 
+from datahelp import alpaca_rows, prepare, write_jsonl
 from tunesmith.errors import DataError
 
 BAD_ALPACA = [

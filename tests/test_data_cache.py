@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from datahelp import alpaca_rows, prepare, write_jsonl
 
+from datahelp import alpaca_rows, prepare, write_jsonl
 from tunesmith.data.pipeline import CHUNK_ROWS
 
 

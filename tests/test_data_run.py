@@ -8,8 +8,8 @@ import json
 
 import numpy as np
 import torch
-from datahelp import alpaca_rows, write_jsonl
 
+from datahelp import alpaca_rows, write_jsonl
 from tunesmith.cli.main import main
 from tunesmith.config import load_config
 from tunesmith.data.batching import collate

@@ -6,8 +6,8 @@ import csv
 import json
 
 import pytest
-from datahelp import alpaca_rows, decoded_samples, prepare, write_jsonl
 
+from datahelp import alpaca_rows, decoded_samples, prepare, write_jsonl
 from tunesmith.data.conversation import Message
 from tunesmith.data.formats import CONVERTERS, FormatSpec
 from tunesmith.errors import DataError
@@ -170,3 +170,22 @@ def test_max_samples_and_val_size(tiny_tokenizer, tmp_path):
     assert (len(d.train), len(d.val)) == (17, 3)
     assert not set(decoded_samples(tiny_tokenizer, d)) & {
         tiny_tokenizer.decode(d.val[i].input_ids) for i in range(3)}
+
+
+def test_sharegpt_openai_and_text_files_through_dataset_info(tiny_tokenizer, tmp_path):
+    write_jsonl(tmp_path / "sg.jsonl", [{"system": "Be kind.", "conversations": [
+        {"from": "human", "value": "Hi there"}, {"from": "gpt", "value": "Hello friend"}]}])
+    write_jsonl(tmp_path / "oa.jsonl", [{"messages": [
+        {"role": "user", "content": "Ping"}, {"role": "assistant", "content": "Pong"}]}])
+    (tmp_path / "dataset_info.json").write_text(json.dumps({
+        "sg": {"file_name": "sg.jsonl", "formatting": "sharegpt"},
+        "oa": {"file_name": "oa.jsonl", "formatting": "sharegpt",
+               "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+                        "assistant_tag": "assistant"}, "columns": {"messages": "messages"}}}))
+    data = prepare(tiny_tokenizer, dataset=["sg", "oa"], dataset_dir=str(tmp_path))
+    texts = decoded_samples(tiny_tokenizer, data)
+    assert texts[0] == ("<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nHi there"
+                        "<|im_end|>\n<|im_start|>assistant\nHello friend<|im_end|>\n")
+    assert "<|im_start|>assistant\nPong<|im_end|>" in texts[1]
+    auto = prepare(tiny_tokenizer, dataset=[str(tmp_path / "oa.jsonl")])  # detected: openai
+    assert decoded_samples(tiny_tokenizer, auto) == [texts[1]]
