@@ -56,8 +56,9 @@ def test_packed_batch_fields():
     assert sorted(batch.target_ids.tolist()) == sorted(unpacked.target_ids.tolist())
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_packed_equals_unpacked_loss_and_grads(arch):
+@pytest.mark.parametrize("arch,attn", [("llama", "sdpa"), ("qwen2", "sdpa"),
+                                       ("llama", "eager")])
+def test_packed_equals_unpacked_loss_and_grads(arch, attn):
     from tiny import build_model
 
     rng = np.random.default_rng(1)
@@ -68,6 +69,7 @@ def test_packed_equals_unpacked_loss_and_grads(arch):
 
     def loss_and_grads(batch):
         model = build_model(arch, seed=3)
+        model.set_attn_implementation(attn)
         loss = objective.loss_sum(model, batch) / batch.n_targets
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}

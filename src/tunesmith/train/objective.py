@@ -36,9 +36,10 @@ class NextTokenObjective:
                         use_cache=False)
         else:  # packed rows: own positions per sample, attention only inside each sample
             dtype = next(trunk.parameters()).dtype
+            additive = getattr(trunk.config, "_attn_implementation", "sdpa") == "eager"
+            mask = packed_attention_mask(batch.segment_ids, dtype if additive else None)
             out = trunk(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                        attention_mask=packed_attention_mask(batch.segment_ids, dtype),
-                        use_cache=False)
+                        attention_mask=mask, use_cache=False)
         hidden = out.last_hidden_state  # [B, T, H]
         rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index)  # [K, H]
         if getattr(head, "bias", None) is not None:  # rare; the plain path handles the bias
@@ -49,17 +50,21 @@ class NextTokenObjective:
         return chunked_linear_cross_entropy(rows, head.weight, batch.target_ids, self.chunk_size)
 
 
-def packed_attention_mask(segment_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Block-diagonal causal mask of packed rows, additive: 0 where a query may attend.
+def packed_attention_mask(segment_ids: torch.Tensor, dtype: torch.dtype | None = None
+                          ) -> torch.Tensor:
+    """Block-diagonal causal mask of packed rows: True (or 0.0) where a query may attend.
 
     segment_ids: [B, T] (1..k per sample, 0 on padding, which attends only to padding).
-    Returns [B, 1, T, T] in `dtype`. This is the reference path for sdpa/eager attention; a
-    varlen attention kernel uses the batch's cu_seqlens instead and skips this mask.
+    Returns [B, 1, T, T]: boolean (what sdpa takes) when `dtype` is None, else additive in
+    `dtype` (0 / most negative; what eager attention adds to its scores). This is the
+    reference path; a varlen attention kernel uses the batch's cu_seqlens instead.
     """
     t = segment_ids.shape[1]
     same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [B, T, T]
     causal = torch.ones(t, t, dtype=torch.bool, device=segment_ids.device).tril()
     allowed = same & causal
+    if dtype is None:
+        return allowed[:, None]  # [B, 1, T, T]
     mask = torch.zeros(allowed.shape, dtype=dtype, device=segment_ids.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[:, None]  # [B, 1, T, T]
