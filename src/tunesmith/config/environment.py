@@ -30,3 +30,9 @@ def distributed_env() -> dict[str, int]:
         "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "world_size": int(os.environ.get("WORLD_SIZE", "1")),
     }
+
+
+def single_thread_tokenizers() -> None:
+    """In a preprocessing worker process: one tokenizer thread per process, because the
+    workers already use every core and extra threads only contend for them."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from tunesmith.config.environment import single_thread_tokenizers
 from tunesmith.data.conversation import Conversation, Message, check_conversation
 from tunesmith.data.encode import IGNORE_INDEX, EncodeOptions, EncodeStats, encode_conversations
 from tunesmith.data.formats import CONVERTERS, FormatSpec, RowError, convert_text
@@ -71,7 +72,9 @@ class PipelineResult:
 _WORKER_STATE: dict[str, Any] = {}
 
 
-def _init_worker(job: EncodeJob) -> None:
+def _init_worker(job: EncodeJob, in_pool: bool = False) -> None:
+    if in_pool:
+        single_thread_tokenizers()
     _WORKER_STATE["job"] = job
     _WORKER_STATE["renderer"] = (None if job.opts.plain_text else
                                  ChatRenderer(job.template_name, job.template_source,
@@ -171,7 +174,7 @@ def run_pipeline(rows: Iterable[Row], job: EncodeJob, out: Path, *, workers: int
     try:
         if parallel:
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
-            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(job,))
+            pool = ctx.Pool(workers, initializer=_init_worker, initargs=(job, True))
             results = pool.imap(_encode_chunk_in_worker, _chunks(rows, CHUNK_ROWS))
         else:
             _init_worker(job)
