@@ -47,8 +47,14 @@ class ModelConfig:
     cache_dir: str = opt("", "Where converted models and downloads are cached "
                          "(default ~/.cache/tunesmith, or $TUNESMITH_CACHE).", advanced=True)
     attn_implementation: str = opt(
-        "sdpa", "Attention kernel: sdpa, eager, or a name registered with transformers.",
-        advanced=True)
+        "sdpa", "Attention kernel: sdpa, eager, varlen (padding-free FlashAttention for packed "
+        "batches), or a name registered with transformers.", advanced=True)
+    enable_liger_kernel: bool = opt(
+        False, "Swap RMSNorm and SwiGLU for liger-kernel's fused kernels (needs the liger-kernel "
+        "package; GPU).", advanced=True)
+    torch_compile: bool = opt(
+        False, "Compile each decoder layer with torch.compile (regional compilation: fuses "
+        "norms, RoPE, activations; first steps are slower while it compiles).", advanced=True)
 
 
 @dataclass

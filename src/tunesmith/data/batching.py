@@ -32,7 +32,7 @@ class Batch:
     position_ids: torch.Tensor | None = None  # [B, T] int64, restarting at 0 per sample
     segment_ids: torch.Tensor | None = None  # [B, T] int64, 1..k per row, 0 on padding
     cu_seqlens: torch.Tensor | None = None  # [n_segments + 1] int32 over the flat [B*T]
-    max_seqlen: int | None = None
+    max_seqlen: int = 0
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
@@ -49,6 +49,16 @@ class Batch:
             if isinstance(value, torch.Tensor):
                 moved[name] = value.pin_memory()
         return Batch(**moved)
+
+    def lengths(self) -> list[int]:
+        """Real length of every sample in the batch (several per row when packed)."""
+        if self.segment_ids is None:
+            return [int(n) for n in self.attention_mask.sum(dim=1).tolist()]
+        out: list[int] = []
+        for row in self.segment_ids:
+            ids, counts = torch.unique_consecutive(row, return_counts=True)
+            out += [int(c) for c in counts[ids > 0].tolist()]
+        return out
 
 
 def collate(samples: Sequence[EncodedSample | PackedRow], pad_id: int) -> Batch:

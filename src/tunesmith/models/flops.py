@@ -46,6 +46,6 @@ def batch_flops(flop_model: FlopModel, micro: list) -> float:
     """FLOPs of a list of batches, from each row's real (unpadded) length."""
     total = 0.0
     for b in micro:
-        for length in b.attention_mask.sum(dim=1).tolist():
-            total += flop_model.sequence_flops(int(length))
+        for length in b.lengths():
+            total += flop_model.sequence_flops(length)
     return total

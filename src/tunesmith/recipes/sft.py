@@ -22,6 +22,13 @@ from tunesmith.data.loader import LoaderOptions
 from tunesmith.data.loading import DataContext, apply_packing, prepare_data
 from tunesmith.data.template import ChatRenderer, load_template_source
 from tunesmith.errors import ConfigError
+from tunesmith.kernels.fused import liger_ops
+from tunesmith.models.acceleration import (
+    apply_fused_kernels,
+    compile_decoder_layers,
+    enable_checkpointing,
+    use_varlen_attention,
+)
 from tunesmith.models.flops import batch_flops, build_flop_model
 from tunesmith.models.loader import load_causal_lm, load_tokenizer, pick_device
 from tunesmith.models.provision import resolve_model_path
@@ -76,9 +83,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     model = load_causal_lm(model_path, dtype=dtype, trust_remote_code=m.trust_remote_code,
                            attn_implementation=m.attn_implementation, device=device)
     model = prepare_trainable(model, f, m.adapter_name_or_path)
-    if t.gradient_checkpointing != "false":
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
+    apply_speed_settings(model, cfg)
 
     from tunesmith.train.objective import NextTokenObjective
 
@@ -104,6 +109,22 @@ def run_sft(cfg: Config) -> dict[str, Any]:
             plot_loss(out / "metrics.jsonl", out / "loss.png")
     _save_model(out, model=model, tokenizer=tokenizer, template_source=template_source, cfg=cfg)
     return write_summary(out, cfg, result, data.report, device)
+
+
+def apply_speed_settings(model: torch.nn.Module, cfg: Config) -> None:
+    """Attention kernel, fused modules, activation checkpointing and compilation."""
+    m, t = cfg.model, cfg.training
+    if m.attn_implementation == "varlen":
+        use_varlen_attention(model)
+    if m.enable_liger_kernel:
+        if liger_ops() is None:
+            raise ConfigError("enable_liger_kernel: liger-kernel is not installed; pip install "
+                              "liger-kernel, or set enable_liger_kernel: false")
+        apply_fused_kernels(model, use_liger=True)
+    enable_checkpointing(model, t.gradient_checkpointing)
+    model.config.use_cache = False
+    if m.torch_compile:
+        compile_decoder_layers(model)
 
 
 def _base_dtype(cfg: Config, device: torch.device) -> torch.dtype:

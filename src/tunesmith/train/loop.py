@@ -26,6 +26,7 @@ from tunesmith.data.batching import Batch, collate, epoch_batches, steps_per_epo
 from tunesmith.data.encode import EncodedSample
 from tunesmith.data.loader import LoaderOptions, batch_iterator
 from tunesmith.errors import TrainingError
+from tunesmith.models.acceleration import activation_offload
 from tunesmith.train.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -113,11 +114,13 @@ class Trainer:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def _train_step(self, micro: list[Batch]) -> tuple[float, float]:
+    def train_step(self, micro: list[Batch]) -> tuple[float, float]:
+        """One optimizer step over `micro`; returns (loss per trained token, grad norm)."""
         n_targets = sum(b.n_targets for b in micro)
         total = torch.zeros((), device=self.device)
         for batch in micro:
-            with self._autocast():
+            with self._autocast(), activation_offload(self.cfg.gradient_checkpointing,
+                                                      self.device):
                 loss_sum = self.objective.loss_sum(self.model, batch.to(self.device))
             scaled = loss_sum / max(n_targets, 1)
             (self.scaler.scale(scaled) if self.scaler else scaled).backward()
@@ -212,7 +215,7 @@ class Trainer:
             t0 = time.perf_counter()
             micro = [next(batches) for _ in self._step_batches()]
             self.throughput.add_data_wait(time.perf_counter() - t0)
-            loss, norm = self._train_step(micro)
+            loss, norm = self.train_step(micro)
             s.step += 1
             s.tokens_seen += sum(b.n_tokens for b in micro)
             s.trained_tokens_seen += sum(b.n_targets for b in micro)

@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 
 from tunesmith.data.batching import Batch
+from tunesmith.kernels.attention import VARLEN_ATTENTION
 from tunesmith.kernels.linear_ce import (
     chunked_linear_cross_entropy,
     linear_cross_entropy_reference,
@@ -22,6 +23,27 @@ class Objective(Protocol):
     def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor: ...
 
 
+def trunk_inputs(batch: Batch, trunk: torch.nn.Module | None = None) -> dict:
+    """Keyword inputs of the decoder trunk for a batch: padded batches pass their attention
+    mask; packed (padding-free) batches pass restarting position ids and the segment
+    boundaries that varlen attention reads (transformers forwards them to it). Packed
+    batches on any other attention (sdpa, eager: the reference path) also pass the
+    block-diagonal causal mask, so samples never attend to each other."""
+    cu = getattr(batch, "cu_seqlens", None)
+    if cu is None:
+        # no padding at all: no mask, so attention takes its plain causal path
+        dense = batch.n_tokens == batch.input_ids.numel()
+        return {"attention_mask": None if dense else batch.attention_mask}
+    inputs = {"position_ids": batch.position_ids, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+              "max_length_q": batch.max_seqlen, "max_length_k": batch.max_seqlen}
+    impl = getattr(getattr(trunk, "config", None), "_attn_implementation", "sdpa")
+    if impl != VARLEN_ATTENTION and batch.segment_ids is not None:
+        dtype = next(trunk.parameters()).dtype if trunk is not None else torch.float32
+        inputs["attention_mask"] = packed_attention_mask(
+            batch.segment_ids, dtype if impl == "eager" else None)
+    return inputs
+
+
 class NextTokenObjective:
     """Cross-entropy on the trained next tokens (SFT: assistant tokens; pt: all tokens),
     computed from hidden states so the full logits are never materialised."""
@@ -31,15 +53,7 @@ class NextTokenObjective:
 
     def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         trunk, head = split_causal_lm(model)
-        if batch.segment_ids is None:
-            out = trunk(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                        use_cache=False)
-        else:  # packed rows: own positions per sample, attention only inside each sample
-            dtype = next(trunk.parameters()).dtype
-            additive = getattr(trunk.config, "_attn_implementation", "sdpa") == "eager"
-            mask = packed_attention_mask(batch.segment_ids, dtype if additive else None)
-            out = trunk(input_ids=batch.input_ids, position_ids=batch.position_ids,
-                        attention_mask=mask, use_cache=False)
+        out = trunk(input_ids=batch.input_ids, use_cache=False, **trunk_inputs(batch, trunk))
         hidden = out.last_hidden_state  # [B, T, H]
         rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index)  # [K, H]
         if getattr(head, "bias", None) is not None:  # rare; the plain path handles the bias

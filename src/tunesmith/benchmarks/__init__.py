@@ -1,0 +1,1 @@
+"""Benchmarks users can rerun: `tunesmith bench` (GPU training speed and memory)."""

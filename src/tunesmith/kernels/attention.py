@@ -1,0 +1,110 @@
+"""Padding-free (varlen) attention registered with transformers' AttentionInterface.
+
+Packed rows hold several samples back to back; each sample must attend only to itself.
+
+    q, k, v [B, H, T, D] --flatten--> [B*T, H, D] --varlen flash (cu_seqlens)--> [B*T, H, D]
+
+The GPU path is torch's FlashAttention varlen kernel (`torch.nn.attention.varlen`); the
+reference twin (any device) runs SDPA once per segment. Segment boundaries arrive as the
+`cu_seq_lens_q` / `max_length_q` keyword arguments transformers forwards to attention
+functions; without them every row is one causal sequence.
+"""
+
+from __future__ import annotations
+
+import inspect
+from functools import lru_cache
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+VARLEN_ATTENTION = "tunesmith_varlen"
+
+
+def register_varlen_attention() -> str:
+    """Register the attention function (idempotent); returns its `attn_implementation` name.
+
+    No mask function is registered on purpose: transformers then builds no mask at all for
+    this implementation, which is what a varlen kernel wants.
+    """
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
+    return VARLEN_ATTENTION
+
+
+def row_cu_seqlens(batch: int, length: int, device: torch.device) -> torch.Tensor:
+    """Boundaries when every row is one sequence (no packing)."""
+    return torch.arange(0, (batch + 1) * length, length, dtype=torch.int32, device=device)
+
+
+def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor,
+                             value: torch.Tensor, attention_mask: torch.Tensor | None,
+                             dropout: float = 0.0, scaling: float | None = None,
+                             **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers attention-function signature; returns ([B, T, H, D], None)."""
+    b, h, t, d = query.shape
+    cu = kwargs.get("cu_seq_lens_q")
+    max_len = kwargs.get("max_length_q")
+    if cu is None:
+        cu, max_len = row_cu_seqlens(b, t, query.device), t
+    q = query.transpose(1, 2).reshape(b * t, h, d)  # [B*T, H, D]
+    k = key.transpose(1, 2).reshape(b * t, key.shape[1], d)
+    v = value.transpose(1, 2).reshape(b * t, value.shape[1], d)
+    if query.is_cuda and _varlen_kernel() is not None and query.dtype in (torch.bfloat16,
+                                                                          torch.float16):
+        out = _flash_varlen(q, k, v, cu, int(max_len), scaling)
+    else:
+        out = varlen_attention_reference(q, k, v, cu, scaling)
+    return out.reshape(b, t, h, d), None
+
+
+def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               cu_seqlens: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """Causal SDPA per segment. q: [N, H, D]; k, v: [N, Hkv, D] -> [N, H, D]."""
+    out = torch.empty_like(q)
+    groups = q.shape[1] // k.shape[1]
+    bounds = cu_seqlens.tolist()
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        if hi <= lo:
+            continue
+        qs = q[lo:hi].transpose(0, 1)  # [H, L, D]
+        ks = k[lo:hi].transpose(0, 1).repeat_interleave(groups, dim=0)
+        vs = v[lo:hi].transpose(0, 1).repeat_interleave(groups, dim=0)
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scaling)
+        out[lo:hi] = o.transpose(0, 1)
+    return out
+
+
+@lru_cache(maxsize=1)
+def _varlen_kernel() -> Any:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+@lru_cache(maxsize=1)
+def _varlen_params() -> frozenset[str]:
+    return frozenset(inspect.signature(_varlen_kernel()).parameters)
+
+
+def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
+                  max_len: int, scaling: float | None) -> torch.Tensor:
+    """torch's varlen FlashAttention; its keyword names moved between torch releases."""
+    params = _varlen_params()
+    kw: dict[str, Any] = {"scale": scaling}
+    if "window_size" in params:
+        kw["window_size"] = (-1, 0)  # causal
+    else:
+        kw["is_causal"] = True
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in params:
+            kw["enable_gqa"] = True
+        else:
+            groups = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    cu = cu.to(torch.int32)
+    return _varlen_kernel()(q, k, v, cu, cu, max_len, max_len, **kw)

@@ -1,0 +1,93 @@
+"""Fused RMSNorm and SwiGLU modules swapped into a model by a per-architecture table.
+
+Each module holds the original weights/projections, so saved models and adapters are
+unchanged; the fused op comes from liger-kernel when installed (`enable_liger_kernel`) and
+falls back to the plain reference computation otherwise.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+
+@lru_cache(maxsize=1)
+def liger_ops() -> dict[str, Any] | None:
+    """liger-kernel's autograd functions, or None when the package is missing."""
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+        from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    except ImportError:
+        return None
+    return {"rms_norm": LigerRMSNormFunction, "silu_mul": LigerSiLUMulFunction}
+
+
+def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama-style RMSNorm: normalise in fp32, scale by the weight in the input dtype."""
+    dtype = x.dtype
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(dtype)
+
+
+class FusedRMSNorm(torch.nn.Module):
+    def __init__(self, weight: torch.nn.Parameter, eps: float, use_liger: bool):
+        super().__init__()
+        self.weight = weight
+        self.variance_epsilon = eps
+        self.use_liger = use_liger and liger_ops() is not None
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.use_liger and hidden_states.is_cuda:
+            # casting mode "llama" matches rms_norm_reference
+            return liger_ops()["rms_norm"].apply(hidden_states, self.weight,
+                                                 self.variance_epsilon, 0.0, "llama", False)
+        return rms_norm_reference(hidden_states, self.weight, self.variance_epsilon)
+
+
+class FusedSwiGLUMLP(torch.nn.Module):
+    """down(silu(gate(x)) * up(x)) with the original (possibly LoRA-wrapped) projections."""
+
+    def __init__(self, mlp: torch.nn.Module, use_liger: bool):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
+        self.use_liger = use_liger and liger_ops() is not None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if self.use_liger and x.is_cuda:
+            return self.down_proj(liger_ops()["silu_mul"].apply(gate, up))
+        return self.down_proj(F.silu(gate) * up)
+
+
+# model_type -> (RMSNorm class name, MLP class name) whose modules can be swapped
+FUSABLE: dict[str, tuple[str, str]] = {
+    "llama": ("LlamaRMSNorm", "LlamaMLP"),
+    "mistral": ("MistralRMSNorm", "MistralMLP"),
+    "qwen2": ("Qwen2RMSNorm", "Qwen2MLP"),
+    "qwen3": ("Qwen3RMSNorm", "Qwen3MLP"),
+}
+
+
+def swap_fused_modules(model: torch.nn.Module, use_liger: bool) -> int:
+    """Replace RMSNorm and SwiGLU MLP modules in place; returns how many were swapped."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = FUSABLE.get(getattr(base.config, "model_type", ""))
+    if names is None:
+        return 0
+    norm_cls, mlp_cls = names
+    swapped = 0
+    for parent in list(base.modules()):
+        for child_name, child in list(parent.named_children()):
+            kind = type(child).__name__
+            if kind == norm_cls:
+                eps = getattr(child, "variance_epsilon", getattr(child, "eps", 1e-6))
+                setattr(parent, child_name, FusedRMSNorm(child.weight, eps, use_liger))
+                swapped += 1
+            elif kind == mlp_cls and getattr(base.config, "hidden_act", "silu") == "silu":
+                setattr(parent, child_name, FusedSwiGLUMLP(child, use_liger))
+                swapped += 1
+    return swapped
