@@ -54,7 +54,7 @@ def test_validation_split_is_evaluated(tmp_path, tiny_llama_dir, alpaca_file):
     evals = [r for r in records if "eval_loss" in r]
     assert [r["step"] for r in evals] == [2, 4, 4]  # every eval_steps, and at the end
     assert summary["eval_loss"] == pytest.approx(evals[-1]["eval_loss"])
-    assert summary["data"]["samples"] == 18  # 24 rows, 6 held out
+    assert summary["data"]["samples"] == 24  # encoded; 6 of them are held out for eval
 
 
 def test_report_to_tensorboard(tmp_path, tiny_llama_dir, alpaca_file):

@@ -30,7 +30,7 @@ def test_loss_mask_covers_exactly_assistant_tokens(tiny_tokenizer):
     renderer = ChatRenderer("tokenizer", tok.chat_template, tok)
     conv = _conv(("system", "Be brief."), ("user", "Who are you?"), ("assistant", "I am Tuney."),
                  ("user", "And who made you?"), ("assistant", "The tunesmith team. 🙂"))
-    [sample], _ = encode_conversations([conv], renderer, tok, EncodeOptions(cutoff_len=512))
+    [sample], _, _ = encode_conversations([conv], renderer, tok, EncodeOptions(cutoff_len=512))
     ids = tok.apply_chat_template(conv.dicts(), tokenize=True, return_dict=False)
     assert sample.input_ids.tolist() == list(ids)
     trained = tok.decode([int(i) for i, lab in zip(sample.input_ids, sample.labels, strict=True)
@@ -41,11 +41,11 @@ def test_loss_mask_covers_exactly_assistant_tokens(tiny_tokenizer):
               if lab == IGNORE_INDEX]
     assert tok.decode(masked).startswith("<|im_start|>system\nBe brief.<|im_end|>")
 
-    [last_only], _ = encode_conversations([conv], renderer, tok,
+    [last_only], _, _ = encode_conversations([conv], renderer, tok,
                                           EncodeOptions(cutoff_len=512, mask_history=True))
     assert tok.decode(last_only.input_ids[last_only.labels != IGNORE_INDEX]) == (
         "The tunesmith team. 🙂<|im_end|>\n")
-    [everything], _ = encode_conversations([conv], renderer, tok,
+    [everything], _, _ = encode_conversations([conv], renderer, tok,
                                            EncodeOptions(cutoff_len=512, train_on_prompt=True))
     assert (everything.labels != IGNORE_INDEX).all()
 
@@ -69,7 +69,7 @@ def _samples(tokenizer, n=8):
     renderer = ChatRenderer("tokenizer", tokenizer.chat_template, tokenizer)
     convs = [_conv(("user", f"what is {i} plus {i}?" + " really" * (i % 4)),
                    ("assistant", f"It is {2 * i}." + " yes" * (i % 3))) for i in range(n)]
-    samples, _ = encode_conversations(convs, renderer, tokenizer, EncodeOptions(512))
+    samples, _, _ = encode_conversations(convs, renderer, tokenizer, EncodeOptions(512))
     return samples
 
 

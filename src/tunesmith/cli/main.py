@@ -20,6 +20,8 @@ commands:
   export CONFIG.yaml [key=value ...]                     merge adapters; write an HF folder or GGUF
   bench [--groups main,full,liger] [--out DIR] [--tiny]  GPU training benchmark vs HF+PEFT/Liger
   webui [--work_dir DIR] [--host H] [--port P] [--auth USER:PASSWORD] [--share]   the web UI
+  data inspect CONFIG.yaml|DATASET [--model M] [--template T] [key=value ...]
+                                                         counts, lengths, truncation, packing, a sample
 """
 
 
@@ -30,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     command, rest = argv[0], argv[1:]
     commands = {"train": cmd_train, "chat": cmd_chat, "env": cmd_env, "export": cmd_export,
-                "bench": cmd_bench, "api": cmd_api, "eval": cmd_eval, "webui": cmd_webui}
+                "bench": cmd_bench, "api": cmd_api, "eval": cmd_eval, "webui": cmd_webui,
+                "data": cmd_data}
     if command not in commands:
         print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
         return 2
@@ -179,6 +182,12 @@ def cmd_eval(args: list[str]) -> int:
 
 def cmd_webui(args: list[str]) -> int:
     from tunesmith.cli.webui import cmd_webui as run
+
+    return run(args)
+
+
+def cmd_data(args: list[str]) -> int:
+    from tunesmith.cli.data_inspect import cmd_data as run
 
     return run(args)
 

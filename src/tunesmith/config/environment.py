@@ -81,3 +81,9 @@ def _int_var(name: str) -> int | None:
     except ValueError:
         raise ConfigError(f"environment variable {name}={value!r} is not a whole number; "
                           f"unset it or give e.g. {name}=2") from None
+
+
+def single_thread_tokenizers() -> None:
+    """In a preprocessing worker process: one tokenizer thread per process, because the
+    workers already use every core and extra threads only contend for them."""
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"

@@ -22,6 +22,7 @@ ExportFormat = Literal["hf", "gguf"]
 GGUFType = Literal["f16", "bf16", "q8_0"]
 ExportDevice = Literal["cpu", "auto"]
 EvalLang = Literal["en", "zh"]
+MixStrategy = Literal["concat", "interleave_under", "interleave_over"]
 
 
 def opt(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
@@ -82,8 +83,38 @@ class DataConfig:
     mask_history: bool = opt(False, "Train only the last assistant turn of each conversation.")
     preprocessing_num_workers: int = opt(0, "Processes for tokenisation (0: automatic).",
                                          minimum=0, advanced=True)
-    dataloader_num_workers: int = opt(0, "DataLoader worker processes.", minimum=0,
+    dataloader_num_workers: int = opt(
+        0, "DataLoader worker processes collating batches (0: in the training process; "
+        "collation is a few NumPy copies, so workers help only with very large batches).",
+        minimum=0, advanced=True)
+    # --- data layer (issue 3) ---
+    mix_strategy: MixStrategy = opt(
+        "concat", "How several datasets mix: concat, interleave_under (stop at the first "
+        "exhausted) or interleave_over (repeat datasets until all are used).")
+    interleave_probs: list[str] = opt(
+        [], "Sampling probabilities of the datasets when interleaving (comma-separated, sum 1; "
+        "empty: round robin).", advanced=True)
+    streaming: bool = opt(
+        False, "Data larger than memory: rows are always read lazily and tokenised in chunks "
+        "into the on-disk cache; true also streams hub datasets.", advanced=True)
+    tokenized_path: str = opt(
+        "", "Save the tokenised train/val samples here, or load them from here when the folder "
+        "already holds them (the data keys are then not re-read).", advanced=True)
+    packing: bool = opt(
+        False, "Pack several samples into each row of cutoff_len tokens (best-fit decreasing); "
+        "each keeps its own positions and attends only to itself.")
+    neat_packing: bool = opt(False, "Alias of packing (LLaMA-Factory key): packing is always "
+                                    "contamination-free.", advanced=True)
+    batch_tokens: int = opt(
+        0, "Form micro-batches by token budget: at most this many (padded) tokens per "
+        "micro-batch, grouping samples of similar length (0: per_device_train_batch_size "
+        "samples).", minimum=0, advanced=True)
+    dataloader_pin_memory: bool = opt(True, "Pin host memory of batches (CUDA only).",
                                       advanced=True)
+    dataloader_prefetch_factor: int = opt(2, "Batches each DataLoader worker prepares ahead.",
+                                          minimum=1, advanced=True)
+    dataloader_persistent_workers: bool = opt(
+        True, "Keep DataLoader workers alive between epochs.", advanced=True)
 
 
 @dataclass

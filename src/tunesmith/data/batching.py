@@ -3,17 +3,21 @@
 The loss needs the hidden state at position t for every trained label at t+1. The
 collator lists those positions (`target_index`, flattened over [B, T]) and their token ids
 once on the CPU, so the training step never synchronises with the GPU to find them.
+Packed rows (see packing.py) also carry position ids, segment ids and cu_seqlens; a target
+never crosses a sample boundary inside a row.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 import numpy as np
 import torch
 
 from tunesmith.data.encode import IGNORE_INDEX, EncodedSample
+from tunesmith.data.packing import PackedRow
 
 
 @dataclass
@@ -24,22 +28,27 @@ class Batch:
     target_ids: torch.Tensor  # [K] int64
     n_targets: int
     n_tokens: int  # real (non-pad) tokens
-    # packed (padding-free) batches only:
-    position_ids: torch.Tensor | None = None  # [B, T] restarting at 0 in every sample
-    segment_ids: torch.Tensor | None = None  # [B, T] 1..k per row, 0 on padding
-    cu_seqlens: torch.Tensor | None = None  # [n+1] int32 over the flattened [B*T] tokens
+    # packed batches only (None otherwise):
+    position_ids: torch.Tensor | None = None  # [B, T] int64, restarting at 0 per sample
+    segment_ids: torch.Tensor | None = None  # [B, T] int64, 1..k per row, 0 on padding
+    cu_seqlens: torch.Tensor | None = None  # [n_segments + 1] int32 over the flat [B*T]
     max_seqlen: int = 0
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in moved.items():
+            if isinstance(value, torch.Tensor):
+                moved[name] = value.to(device, non_blocking=nb)
+        return Batch(**moved)
 
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.to(device, non_blocking=nb)
-
-        return Batch(move(self.input_ids), move(self.attention_mask), move(self.target_index),
-                     move(self.target_ids), self.n_targets, self.n_tokens,
-                     move(self.position_ids), move(self.segment_ids), move(self.cu_seqlens),
-                     self.max_seqlen)
+    def pin_memory(self) -> Batch:
+        """Called by DataLoader(pin_memory=True) on custom batch types."""
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name, value in moved.items():
+            if isinstance(value, torch.Tensor):
+                moved[name] = value.pin_memory()
+        return Batch(**moved)
 
     def lengths(self) -> list[int]:
         """Real length of every sample in the batch (several per row when packed)."""
@@ -52,8 +61,10 @@ class Batch:
         return out
 
 
-def collate(samples: list[EncodedSample], pad_id: int) -> Batch:
-    """Right-pad to the longest sample of the batch."""
+def collate(samples: Sequence[EncodedSample | PackedRow], pad_id: int) -> Batch:
+    """Right-pad to the longest sample (or packed row) of the batch."""
+    if samples and isinstance(samples[0], PackedRow):
+        return collate_packed(samples, pad_id)  # type: ignore[arg-type]
     t_max = max(len(s) for s in samples)
     b = len(samples)
     ids = np.full((b, t_max), pad_id, dtype=np.int64)
@@ -73,13 +84,80 @@ def collate(samples: list[EncodedSample], pad_id: int) -> Batch:
                  torch.from_numpy(target_ids), int(len(target_ids)), int(mask.sum()))
 
 
-def epoch_batches(n_samples: int, batch_size: int, epoch: int, seed: int) -> list[list[int]]:
-    """Sample indices of every micro-batch of an epoch; a pure function of (epoch, seed),
-    so a resumed run can jump to any position without replaying the data."""
+def collate_packed(rows: Sequence[PackedRow], pad_id: int) -> Batch:
+    """Packed rows -> a batch with per-sample positions, segments and cu_seqlens."""
+    t_max = max(len(r) for r in rows)
+    b = len(rows)
+    ids = np.full((b, t_max), pad_id, dtype=np.int64)
+    mask = np.zeros((b, t_max), dtype=np.int64)
+    pos_ids = np.zeros((b, t_max), dtype=np.int64)
+    seg = np.zeros((b, t_max), dtype=np.int64)
+    idx_parts, tgt_parts, seqlens = [], [], []
+    for i, row in enumerate(rows):
+        start = 0
+        for k, s in enumerate(row.samples, start=1):
+            n = len(s)
+            ids[i, start:start + n] = s.input_ids
+            pos_ids[i, start:start + n] = np.arange(n)
+            seg[i, start:start + n] = k
+            nxt = s.labels[1:]  # targets stay inside the sample
+            pos = np.flatnonzero(nxt != IGNORE_INDEX)
+            idx_parts.append(pos + i * t_max + start)
+            tgt_parts.append(nxt[pos])
+            seqlens.append(n)
+            start += n
+        mask[i, :start] = 1
+        pos_ids[i, start:] = np.arange(t_max - start)
+        if start < t_max:
+            seqlens.append(t_max - start)  # the row's padding is a segment of its own
+    target_index = np.concatenate(idx_parts).astype(np.int64)
+    target_ids = np.concatenate(tgt_parts).astype(np.int64)
+    cu = np.zeros(len(seqlens) + 1, dtype=np.int32)
+    np.cumsum(seqlens, out=cu[1:])
+    return Batch(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(target_index),
+                 torch.from_numpy(target_ids), int(len(target_ids)), int(mask.sum()),
+                 position_ids=torch.from_numpy(pos_ids), segment_ids=torch.from_numpy(seg),
+                 cu_seqlens=torch.from_numpy(cu), max_seqlen=int(max(seqlens)))
+
+
+def epoch_batches(n_samples: int, batch_size: int, epoch: int, seed: int,
+                  lengths: np.ndarray | None = None, batch_tokens: int = 0) -> list[list[int]]:
+    """Sample indices of every micro-batch of an epoch; a pure function of its arguments,
+    so a resumed run (or another rank) can jump to any position without replaying data.
+
+    With `batch_tokens`, micro-batches hold samples of similar length, at most
+    `batch_tokens` padded tokens each: samples are sorted by length (ties in a seeded random
+    order), cut greedily, and the batches shuffled. The number of batches depends only on
+    the lengths, so it is the same every epoch."""
     g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
     order = torch.randperm(n_samples, generator=g).tolist()
-    return [order[i:i + batch_size] for i in range(0, n_samples, batch_size)]
+    if not batch_tokens:
+        return [order[i:i + batch_size] for i in range(0, n_samples, batch_size)]
+    assert lengths is not None, "batch_tokens needs the sample lengths"
+    shuffled = np.asarray(order, dtype=np.int64)
+    by_length = shuffled[np.argsort(np.asarray(lengths)[shuffled], kind="stable")]
+    batches = token_budget_batches(by_length, np.asarray(lengths), batch_tokens)
+    perm = torch.randperm(len(batches), generator=g).tolist()
+    return [batches[i] for i in perm]
 
 
-def steps_per_epoch(n_samples: int, batch_size: int, accumulation: int) -> int:
-    return math.ceil(math.ceil(n_samples / batch_size) / accumulation)
+def token_budget_batches(order: np.ndarray, lengths: np.ndarray, budget: int) -> list[list[int]]:
+    """Cut `order` (ascending length) into batches with len(batch) * max_len <= budget
+    (a sample longer than the budget gets a batch of its own)."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order.tolist():
+        n = int(lengths[i])
+        if current and (len(current) + 1) * max(n, int(lengths[current[-1]])) > budget:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def steps_per_epoch(n_samples: int, batch_size: int, accumulation: int,
+                    n_batches: int | None = None) -> int:
+    batches = n_batches if n_batches is not None else math.ceil(n_samples / batch_size)
+    return math.ceil(batches / accumulation)

@@ -30,6 +30,7 @@ class Conversation:
     tools: list[dict[str, Any]] | None = None
     source: str = ""  # "file:line" or "dataset[row]" for error messages
     rejected: Message | None = None  # preference pairs: messages[-1] is the chosen answer
+    plain: bool = False  # stage pt: messages[0].content is raw text, no roles or template
     extra: dict[str, Any] = field(default_factory=dict)
 
     def dicts(self) -> list[dict[str, Any]]:
@@ -39,6 +40,8 @@ class Conversation:
 def check_conversation(conv: Conversation) -> str | None:
     """Why a conversation cannot be trained on, or None when it is well-formed."""
     msgs = conv.messages
+    if conv.plain:
+        return None if msgs and msgs[0].content.strip() else "empty text"
     if not msgs:
         return "empty conversation"
     start = 1 if msgs[0].role == "system" else 0
@@ -49,6 +52,8 @@ def check_conversation(conv: Conversation) -> str | None:
         return f"the first turn is {turns[0].role!r}, expected 'user'"
     if not any(m.role == "assistant" for m in turns):
         return "no assistant message to learn from"
+    if conv.rejected is not None and turns[-1].role != "assistant":
+        return "a preference pair must end with the chosen assistant answer"
     for prev, cur in zip(turns, turns[1:], strict=False):
         if cur.role == "system":
             return "a system message after the first turn"

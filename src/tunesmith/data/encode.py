@@ -1,7 +1,10 @@
 """Conversations -> token ids + labels (loss mask), with truncation that is always counted.
 
 Token ids are those of tokenising the full rendered text once (as `apply_chat_template`
-does), and a token is trained when it starts inside a trained character span.
+does), and a token is trained when its characters overlap a trained character span (so a
+token straddling the start of an answer, such as " The" after "Assistant:", is trained).
+Plain text (stage pt) is tokenised as text + EOS, every token trained, and a text longer
+than cutoff_len is split into several samples (counted) instead of being cut.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import numpy as np
 
 from tunesmith.data.conversation import Conversation
 from tunesmith.data.template import ChatRenderer, Span
+from tunesmith.data.tokens import trained_mask
 from tunesmith.errors import DataError
 
 IGNORE_INDEX = -100
@@ -24,6 +28,7 @@ class EncodeOptions:
     truncation: str = "truncate_prompt"  # truncate_prompt | drop | error
     train_on_prompt: bool = False
     mask_history: bool = False
+    plain_text: bool = False  # stage pt: no template, every token trained
 
 
 @dataclass
@@ -40,17 +45,29 @@ class EncodeStats:
     samples: int = 0
     truncated_prompt: int = 0
     truncated_response: int = 0
+    split_texts: int = 0  # stage pt: long texts split into several samples
     dropped_too_long: list[str] = field(default_factory=list)
     no_trained_tokens: list[str] = field(default_factory=list)
+    bad: list[tuple[str, str]] = field(default_factory=list)  # (where, reason) -> bad rows
     trained_tokens: int = 0
     total_tokens: int = 0
 
     def merge(self, other: EncodeStats) -> None:
-        for name in ("samples", "truncated_prompt", "truncated_response", "trained_tokens",
-                     "total_tokens"):
+        for name in ("samples", "truncated_prompt", "truncated_response", "split_texts",
+                     "trained_tokens", "total_tokens"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.dropped_too_long += other.dropped_too_long
         self.no_trained_tokens += other.no_trained_tokens
+        self.bad += other.bad
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EncodeStats:
+        stats = cls(**{k: v for k, v in d.items() if k != "bad"})
+        stats.bad = [tuple(x) for x in d.get("bad", [])]  # type: ignore[misc]
+        return stats
 
 
 def trained_spans(rendered_spans: list[Span], text_len: int, opts: EncodeOptions) -> list[Span]:
@@ -61,33 +78,66 @@ def trained_spans(rendered_spans: list[Span], text_len: int, opts: EncodeOptions
     return rendered_spans
 
 
-def encode_conversations(convs: list[Conversation], renderer: ChatRenderer, tokenizer: Any,
-                         opts: EncodeOptions) -> tuple[list[EncodedSample], EncodeStats]:
-    """Render, tokenise in one batch, build labels, apply the truncation policy."""
-    rendered = [renderer.render(c) for c in convs]
-    texts = [r.text for r in rendered]
-    enc = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
+def encode_conversations(convs: list[Conversation], renderer: ChatRenderer | None,
+                         tokenizer: Any, opts: EncodeOptions
+                         ) -> tuple[list[EncodedSample], list[str], EncodeStats]:
+    """Render, tokenise in one batch, build labels, apply the truncation policy.
+
+    Returns the samples, the location of each, and the counts of what was changed."""
+    if opts.plain_text:
+        return _encode_plain(convs, tokenizer, opts)
+    assert renderer is not None
+    stats = EncodeStats()
+    rendered, kept = [], []
+    for c in convs:
+        try:
+            rendered.append(renderer.render(c))
+            kept.append(c)
+        except DataError as exc:  # the template refused this conversation: a bad row
+            stats.bad.append((c.source, str(exc)))
+    convs = kept
+    spans = [trained_spans(r.assistant_spans, len(r.text), opts) for r in rendered]
+    placed = renderer.placer.place([r.text for r in rendered], spans)
+    out: list[EncodedSample] = []
+    sources: list[str] = []
+    for conv, (ids, bounds), sp in zip(convs, placed, spans, strict=True):
+        trained = trained_mask(bounds, sp)
+        sample = _truncate(conv, ids, trained, opts, stats)
+        if sample is not None:
+            _keep(sample, conv.source, out, sources, stats)
+    return out, sources, stats
+
+
+def _keep(sample: EncodedSample, source: str, out: list[EncodedSample], sources: list[str],
+          stats: EncodeStats) -> None:
+    n_trained = int((sample.labels != IGNORE_INDEX).sum())
+    if n_trained == 0:
+        stats.no_trained_tokens.append(source)
+        return
+    stats.samples += 1
+    stats.trained_tokens += n_trained
+    stats.total_tokens += len(sample)
+    out.append(sample)
+    sources.append(source)
+
+
+def _encode_plain(convs: list[Conversation], tokenizer: Any, opts: EncodeOptions
+                  ) -> tuple[list[EncodedSample], list[str], EncodeStats]:
+    eos = tokenizer.eos_token or ""
+    enc = tokenizer([c.messages[0].content + eos for c in convs], add_special_tokens=False)
     stats = EncodeStats()
     out: list[EncodedSample] = []
-    for conv, r, ids, offsets in zip(convs, rendered, enc["input_ids"], enc["offset_mapping"],
-                                     strict=True):
+    sources: list[str] = []
+    step = opts.cutoff_len
+    for conv, ids in zip(convs, enc["input_ids"], strict=True):
         ids = np.asarray(ids, dtype=np.int32)
-        starts = np.fromiter((o[0] for o in offsets), dtype=np.int64, count=len(offsets))
-        trained = np.zeros(len(ids), dtype=bool)
-        for lo, hi in trained_spans(r.assistant_spans, len(r.text), opts):
-            trained |= (starts >= lo) & (starts < hi)
-        sample = _truncate(conv, ids, trained, opts, stats)
-        if sample is None:
-            continue
-        n_trained = int((sample.labels != IGNORE_INDEX).sum())
-        if n_trained == 0:
-            stats.no_trained_tokens.append(conv.source)
-            continue
-        stats.samples += 1
-        stats.trained_tokens += n_trained
-        stats.total_tokens += len(sample)
-        out.append(sample)
-    return out, stats
+        if len(ids) > step:
+            stats.split_texts += 1
+        for k, lo in enumerate(range(0, len(ids), step)):
+            piece = ids[lo:lo + step]
+            where = conv.source if k == 0 else f"{conv.source} (part {k + 1})"
+            _keep(EncodedSample(piece, piece.copy()), where, out, sources, stats)
+    return out, sources, stats
 
 
 def _truncate(conv: Conversation, ids: np.ndarray, trained: np.ndarray, opts: EncodeOptions,
@@ -95,8 +145,10 @@ def _truncate(conv: Conversation, ids: np.ndarray, trained: np.ndarray, opts: En
     cutoff = opts.cutoff_len
     if len(ids) > cutoff:
         if opts.truncation == "error":
-            raise DataError(f"{conv.source}: sample has {len(ids)} tokens, more than cutoff_len "
-                            f"{cutoff}; raise cutoff_len or set truncation: truncate_prompt/drop")
+            stats.bad.append((conv.source, f"sample has {len(ids)} tokens, more than "
+                                   f"cutoff_len {cutoff} (truncation: error); raise cutoff_len "
+                                   "or set truncation: truncate_prompt or drop"))
+            return None
         if opts.truncation == "drop":
             stats.dropped_too_long.append(conv.source)
             return None

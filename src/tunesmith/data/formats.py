@@ -5,6 +5,7 @@ Column names follow LLaMA-Factory's dataset_info.json ("columns" and "tags").
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ class FormatSpec:
     formatting: str = "alpaca"
     columns: dict[str, str] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    ranking: bool = False  # preference pairs: chosen / rejected answers
 
     def col(self, name: str) -> str:
         return self.columns.get(name, ALPACA_DEFAULT_COLUMNS.get(name, name))
@@ -64,39 +66,71 @@ def convert_alpaca(row: dict[str, Any], spec: FormatSpec) -> Conversation:
     prompt = _text(row, spec.col("prompt"), required=True)
     query = _text(row, spec.col("query"), required=False)
     user = f"{prompt}\n{query}" if prompt and query else (prompt or query)
+    msgs.append(Message("user", user))
+    if spec.ranking:
+        chosen = _text(row, spec.col("chosen"), required=True)
+        rejected = _text(row, spec.col("rejected"), required=True)
+        return Conversation(msgs + [Message("assistant", chosen)],
+                            rejected=Message("assistant", rejected))
     response = row.get(spec.col("response"))
-    if isinstance(response, list) and spec.formatting == "alpaca" and len(response) == 2:
+    if isinstance(response, list) and len(response) == 2:
         raise RowError("response is a list of two answers: a preference pair needs `ranking: "
                        "true` in dataset_info.json")
-    response_text = _text(row, spec.col("response"), required=True)
-    msgs += [Message("user", user), Message("assistant", response_text)]
+    msgs.append(Message("assistant", _text(row, spec.col("response"), required=True)))
     return Conversation(msgs)
 
 
 def convert_sharegpt(row: dict[str, Any], spec: FormatSpec) -> Conversation:
     tags = {**SHAREGPT_DEFAULT_TAGS, **spec.tags}
-    role_map = {tags["user_tag"]: "user", tags["assistant_tag"]: "assistant",
-                tags["observation_tag"]: "tool", tags["function_tag"]: "assistant",
-                tags["system_tag"]: "system"}
     turns = row.get(spec.col("messages"))
     if not isinstance(turns, list):
-        raise RowError(f"column {spec.col('messages')!r} must be a list of messages")
+        raise RowError(f"column {spec.col('messages')!r} must be a list of messages, got "
+                       f"{type(turns).__name__}")
     msgs: list[Message] = []
     system = _text(row, spec.col("system"), required=False)
     if system:
         msgs.append(Message("system", system))
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, dict):
-            raise RowError(f"message {i} is {type(turn).__name__}, expected an object")
-        tag = turn.get(tags["role_tag"])
-        if tag not in role_map:
-            raise RowError(f"message {i}: role {tag!r} is not one of {sorted(role_map)}")
-        content = turn.get(tags["content_tag"])
-        if not isinstance(content, str):
-            raise RowError(f"message {i}: {tags['content_tag']!r} is not text")
-        msgs.append(Message(role_map[tag], content))  # type: ignore[arg-type]
-    tools = row.get(spec.col("tools"))
-    return Conversation(msgs, tools=_parse_tools(tools))
+    msgs += [_sharegpt_message(turn, i, tags) for i, turn in enumerate(turns)]
+    conv = Conversation(msgs, tools=_parse_tools(row.get(spec.col("tools"))))
+    if spec.ranking:
+        chosen, rejected = (row.get(spec.col(k)) for k in ("chosen", "rejected"))
+        conv.messages.append(_sharegpt_message(chosen, "chosen", tags))
+        conv.rejected = _sharegpt_message(rejected, "rejected", tags)
+    return conv
+
+
+def _sharegpt_message(turn: Any, i: int | str, tags: dict[str, str]) -> Message:
+    role_map = {tags["user_tag"]: "user", tags["assistant_tag"]: "assistant",
+                tags["observation_tag"]: "tool", tags["function_tag"]: "assistant",
+                tags["system_tag"]: "system"}
+    if not isinstance(turn, dict):
+        raise RowError(f"message {i} is {type(turn).__name__}, expected an object")
+    tag = turn.get(tags["role_tag"])
+    if tag not in role_map:
+        raise RowError(f"message {i}: role {tag!r} is not one of {sorted(role_map)} (set "
+                       "tags.role_tag / user_tag / assistant_tag in dataset_info.json)")
+    content = turn.get(tags["content_tag"])
+    if not isinstance(content, str):
+        raise RowError(f"message {i}: {tags['content_tag']!r} is {type(content).__name__}, "
+                       "expected text")
+    if tag == tags["function_tag"]:
+        return Message("assistant", "", _parse_function_call(content, i))
+    return Message(role_map[tag], content)  # type: ignore[arg-type]
+
+
+def _parse_function_call(content: str, i: int | str) -> list[dict[str, Any]]:
+    """LLaMA-Factory's function_call content: JSON {"name", "arguments"} or a list of them."""
+    try:
+        calls = json.loads(content)
+    except json.JSONDecodeError as exc:
+        raise RowError(f"message {i}: function_call is not valid JSON ({exc.msg})") from None
+    calls = calls if isinstance(calls, list) else [calls]
+    if not all(isinstance(c, dict) and "name" in c for c in calls):
+        raise RowError(f"message {i}: function_call must be {{\"name\": ..., \"arguments\": "
+                       "...}} or a list of them")
+    return [{"type": "function", "function": {"name": c["name"],
+                                              "arguments": c.get("arguments", {})}}
+            for c in calls]
 
 
 def convert_openai(row: dict[str, Any], spec: FormatSpec) -> Conversation:
@@ -112,16 +146,24 @@ def convert_openai(row: dict[str, Any], spec: FormatSpec) -> Conversation:
             content = ""
         if not isinstance(content, str):
             raise RowError(f"message {i}: content is {type(content).__name__}, expected text")
-        msgs.append(Message(turn["role"], content, turn.get("tool_calls")))
-    return Conversation(msgs, tools=_parse_tools(row.get("tools")))
+        calls = turn.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise RowError(f"message {i}: tool_calls is {type(calls).__name__}, expected a list")
+        msgs.append(Message(turn["role"], content, calls or None))
+    return Conversation(msgs, tools=_parse_tools(row.get(spec.columns.get("tools", "tools"))))
+
+
+def convert_text(row: dict[str, Any], spec: FormatSpec) -> Conversation:
+    """Plain text for pre-training: column `text` (or the `prompt` column of an alpaca entry,
+    as LLaMA-Factory's pt datasets declare it)."""
+    key = spec.columns.get("prompt") or spec.columns.get("text") or "text"
+    return Conversation([Message("user", _text(row, key, required=True))], plain=True)
 
 
 def _parse_tools(tools: Any) -> list[dict[str, Any]] | None:
     if tools in (None, "", []):
         return None
     if isinstance(tools, str):
-        import json
-
         try:
             tools = json.loads(tools)
         except json.JSONDecodeError as exc:
@@ -135,4 +177,5 @@ CONVERTERS: dict[str, Callable[[dict[str, Any], FormatSpec], Conversation]] = {
     "alpaca": convert_alpaca,
     "sharegpt": convert_sharegpt,
     "openai": convert_openai,
+    "text": convert_text,
 }

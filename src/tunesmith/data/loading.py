@@ -1,24 +1,45 @@
-"""Build the training/validation samples for a run from the data config."""
+"""Build the training/validation samples for a run from the data config.
+
+    dataset names -> entries -> per dataset: cache hit (memory-map) or pipeline (tokenise
+    in parallel into the cache) -> bad-row policy -> num_samples -> mix -> val split
+
+Nothing is dropped without being counted in the `DataReport`.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
-import random
-import re
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from tunesmith.config.environment import hub_offline
 from tunesmith.config.schema import DataConfig
-from tunesmith.data.conversation import Conversation, Message, check_conversation
-from tunesmith.data.encode import EncodedSample, EncodeOptions, EncodeStats, encode_conversations
-from tunesmith.data.formats import CONVERTERS, FormatSpec, RowError
-from tunesmith.data.readers import read_rows
-from tunesmith.data.registry import DatasetEntry, detect_format, resolve_dataset
+from tunesmith.data.cache import (
+    dataset_cache_dir,
+    dataset_cache_key,
+    file_digest,
+    tokenizer_digest,
+)
+from tunesmith.data.encode import EncodedSample, EncodeOptions, EncodeStats
+from tunesmith.data.mixing import mix_plan, resample, validation_split
+from tunesmith.data.packing import PackedSamples
+from tunesmith.data.pipeline import EncodeJob, run_pipeline, worker_count
+from tunesmith.data.readers import Row, read_hub_rows, read_rows
+from tunesmith.data.registry import DatasetEntry, resolve_dataset
+from tunesmith.data.store import IndexedSamples, SampleStore
 from tunesmith.data.template import ChatRenderer
 from tunesmith.errors import DataError
 
 log = logging.getLogger(__name__)
 MAX_SHOWN_BAD_ROWS = 20
+REPORT_FILE = "report.json"
 
 
 @dataclass
@@ -34,6 +55,10 @@ class DataReport:
     rows: int = 0
     bad_rows: list[BadRow] = field(default_factory=list)
     encode: EncodeStats = field(default_factory=EncodeStats)
+    cache_hits: int = 0
+    cache_misses: int = 0
+    preprocess_s: float = 0.0
+    packing: dict[str, Any] = field(default_factory=dict)
 
     def bad_rows_text(self) -> str:
         shown = [f"  {b.where}: {b.reason}" for b in self.bad_rows[:MAX_SHOWN_BAD_ROWS]]
@@ -44,117 +69,193 @@ class DataReport:
         e = self.encode
         return {"rows": self.rows, "bad_rows": len(self.bad_rows), "samples": e.samples,
                 "truncated_prompt": e.truncated_prompt,
-                "truncated_response": e.truncated_response,
+                "truncated_response": e.truncated_response, "split_texts": e.split_texts,
                 "dropped_too_long": len(e.dropped_too_long),
                 "dropped_no_trained_tokens": len(e.no_trained_tokens),
-                "trained_tokens": e.trained_tokens, "total_tokens": e.total_tokens}
+                "trained_tokens": e.trained_tokens, "total_tokens": e.total_tokens,
+                "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
+                "preprocess_s": round(self.preprocess_s, 3), **self.packing}
 
-
-_PLACEHOLDER = re.compile(r"\{\{\s*(\w+)\s*\}\}")
-
-
-def fill_placeholders(conv: Conversation, values: dict[str, Any]) -> Conversation:
-    if not values:
-        return conv
-
-    def sub(text: str) -> str:
-        return _PLACEHOLDER.sub(lambda m: str(values.get(m.group(1), m.group(0))), text)
-
-    conv.messages = [Message(m.role, sub(m.content), m.tool_calls) for m in conv.messages]
-    return conv
-
-
-def load_conversations(entry: DatasetEntry, cfg: DataConfig, report: DataReport,
-                       ) -> list[Conversation]:
-    convs: list[Conversation] = []
-    spec = entry.spec
-    limit = cfg.max_samples or None
-    for path in entry.files:
-        for row, where in read_rows(path):
-            if limit is not None and len(convs) >= limit:
-                return convs
-            report.rows += 1
-            conv = _convert_row(row, where, spec, report)
-            if conv is None:
-                continue
-            convs.append(fill_placeholders(conv, cfg.dataset_vars))
-    return convs
-
-
-def _convert_row(row: Any, where: str, spec: FormatSpec, report: DataReport
-                 ) -> Conversation | None:
-    if not isinstance(row, dict):
-        report.bad_rows.append(BadRow(where, f"row is {type(row).__name__}, expected an object"))
-        return None
-    try:
-        fmt = spec.formatting if spec.formatting != "auto" else detect_format(row)
-        conv = CONVERTERS[fmt](row, spec if spec.formatting != "auto" else FormatSpec(fmt))
-    except (RowError, DataError) as exc:
-        report.bad_rows.append(BadRow(where, str(exc)))
-        return None
-    conv.source = where
-    problem = check_conversation(conv)
-    if problem:
-        report.bad_rows.append(BadRow(where, problem))
-        return None
-    return conv
-
-
-def split_validation(convs: list[Conversation], val_size: float, seed: int
-                     ) -> tuple[list[Conversation], list[Conversation]]:
-    if not val_size:
-        return convs, []
-    n_val = int(val_size) if val_size >= 1 else max(1, round(len(convs) * val_size))
-    if n_val >= len(convs):
-        raise DataError(f"val_size {val_size} leaves no training samples out of {len(convs)}")
-    order = list(range(len(convs)))
-    random.Random(seed).shuffle(order)
-    val_idx = set(order[:n_val])
-    return ([c for i, c in enumerate(convs) if i not in val_idx],
-            [c for i, c in enumerate(convs) if i in val_idx])
+    def add(self, rows: int, bad: list[tuple[str, str]], stats: EncodeStats) -> None:
+        self.rows += rows
+        self.bad_rows += [BadRow(w, r) for w, r in bad]
+        self.encode.merge(stats)
 
 
 @dataclass
 class PreparedData:
-    train: list[EncodedSample]
-    val: list[EncodedSample]
+    train: Sequence[EncodedSample]
+    val: Sequence[EncodedSample]
     report: DataReport
 
 
-def prepare_data(cfg: DataConfig, renderer: ChatRenderer, tokenizer: Any, seed: int,
-                 ) -> PreparedData:
-    """Read, convert, check, split and encode every dataset named in the config."""
+@dataclass
+class DataContext:
+    """What, besides the data keys, decides the tokens."""
+
+    renderer: ChatRenderer | None
+    tokenizer: Any
+    seed: int = 42
+    stage: str = "sft"
+    overwrite_cache: bool = False
+
+
+def encode_options(cfg: DataConfig, stage: str) -> EncodeOptions:
+    return EncodeOptions(cfg.cutoff_len, cfg.truncation, cfg.train_on_prompt, cfg.mask_history,
+                         plain_text=stage == "pt")
+
+
+def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
+                       report: DataReport) -> SampleStore:
+    """Tokenised samples of one dataset, from the cache or freshly encoded into it."""
+    if entry.ranking and ctx.stage in ("sft", "pt"):
+        raise DataError(f"dataset {entry.name!r} holds preference pairs (ranking: true); stage "
+                        f"{ctx.stage} needs plain examples: use a preference stage or another "
+                        "dataset")
+    opts = encode_options(cfg, ctx.stage)
+    renderer = ctx.renderer
+    source = "" if opts.plain_text or renderer is None else renderer.source
+    settings = {"spec": entry.spec.__dict__, "opts": opts.__dict__, "split": entry.split,
+                "max_samples": cfg.max_samples, "vars": cfg.dataset_vars,
+                "hub": [entry.hub_id, entry.subset]}
+    key = dataset_cache_key([file_digest(p) for p in entry.files], tokenizer_digest(ctx.tokenizer),
+                            source, settings)
+    folder = dataset_cache_dir(key)
+    if (folder / REPORT_FILE).is_file() and not ctx.overwrite_cache:
+        saved = json.loads((folder / REPORT_FILE).read_text(encoding="utf-8"))
+        report.add(saved["rows"], saved["bad_rows"], EncodeStats.from_dict(saved["stats"]))
+        report.cache_hits += 1
+        log.info("dataset %s: loaded tokenised samples from cache %s", entry.name, folder)
+        return SampleStore.open(folder / "samples")
+    if renderer is None and not opts.plain_text:
+        raise DataError("a chat template is needed to encode conversations")
+    job = EncodeJob(entry.spec, opts, getattr(renderer, "name", ""), source, ctx.tokenizer,
+                    dict(cfg.dataset_vars))
+    start = time.perf_counter()
+    result = run_pipeline(_entry_rows(entry, cfg), job, folder / "samples",
+                          workers=worker_count(cfg.preprocessing_num_workers),
+                          total_rows=_count_hint(entry, cfg), desc=f"tokenise {entry.name}")
+    report.preprocess_s += time.perf_counter() - start
+    report.cache_misses += 1
+    (folder / REPORT_FILE).write_text(json.dumps(
+        {"rows": result.rows, "bad_rows": result.bad_rows, "stats": result.stats.to_dict()}),
+        encoding="utf-8")
+    report.add(result.rows, result.bad_rows, result.stats)
+    return result.store
+
+
+def _entry_rows(entry: DatasetEntry, cfg: DataConfig) -> Iterator[Row]:
+    if entry.hub_id:
+        rows: Iterator[Row] = read_hub_rows(entry.hub_id, entry.subset, entry.split,
+                                            cfg.streaming, hub_offline())
+    else:
+        rows = (r for path in entry.files for r in read_rows(path, entry.split))
+    return islice(rows, cfg.max_samples) if cfg.max_samples else rows
+
+
+def _count_hint(entry: DatasetEntry, cfg: DataConfig) -> int | None:
+    """Row count for the progress bar when it is cheap to know (JSON lines), else None."""
+    if entry.hub_id or cfg.streaming or any(p.suffix != ".jsonl" for p in entry.files):
+        return cfg.max_samples or None
+    with_lines = sum(_count_lines(p) for p in entry.files)
+    return min(with_lines, cfg.max_samples) if cfg.max_samples else with_lines
+
+
+def _count_lines(path: Path) -> int:
+    with open(path, "rb") as fh:
+        return sum(block.count(b"\n") for block in iter(lambda: fh.read(1 << 22), b""))
+
+
+def _load_group(names: list[str], cfg: DataConfig, ctx: DataContext, report: DataReport,
+                mix: bool) -> IndexedSamples:
+    entries = [resolve_dataset(n, cfg.dataset_dir) for n in names]
+    stores = [load_dataset_store(e, cfg, ctx, report) for e in entries]
+    picks = [resample(len(s), e.num_samples, ctx.seed + d) if e.num_samples
+             else np.arange(len(s)) for d, (e, s) in enumerate(zip(entries, stores, strict=True))]
+    strategy = cfg.mix_strategy if mix else "concat"
+    which, pos = mix_plan([len(p) for p in picks], strategy, cfg.interleave_probs, ctx.seed)
+    index = np.zeros(len(pos), np.int64)
+    for d, p in enumerate(picks):
+        index[which == d] = p[pos[which == d]]
+    return IndexedSamples(stores, which, index)
+
+
+def prepare_data(cfg: DataConfig, ctx: DataContext) -> PreparedData:
+    """Read, convert, check, encode (or load from cache), mix and split every dataset."""
+    if cfg.tokenized_path and (Path(cfg.tokenized_path) / "manifest.json").is_file() \
+            and not ctx.overwrite_cache:
+        return load_tokenized(Path(cfg.tokenized_path))
     if not cfg.dataset:
         raise DataError("dataset: no training dataset given; set dataset to a name in "
                         f"{cfg.dataset_dir}/dataset_info.json or a file path")
     report = DataReport()
-    convs: list[Conversation] = []
-    for name in cfg.dataset:
-        convs += load_conversations(resolve_dataset(name, cfg.dataset_dir), cfg, report)
-    eval_convs: list[Conversation] = []
-    for name in cfg.eval_dataset:
-        eval_convs += load_conversations(resolve_dataset(name, cfg.dataset_dir), cfg, report)
-    if report.bad_rows:
-        text = report.bad_rows_text()
-        if cfg.on_bad_row == "error":
-            raise DataError(f"{len(report.bad_rows)} bad row(s); fix them or set on_bad_row: "
-                            f"skip to leave them out:\n{text}")
-        log.warning("skipping %d bad row(s) (on_bad_row: skip):\n%s", len(report.bad_rows),
-                    text)
-    if not convs:
-        raise DataError(f"no usable samples in dataset(s) {', '.join(cfg.dataset)}")
-    train_convs, val_convs = split_validation(convs, cfg.val_size, seed)
-    val_convs += eval_convs
-    opts = EncodeOptions(cfg.cutoff_len, cfg.truncation, cfg.train_on_prompt, cfg.mask_history)
-    train, stats = encode_conversations(train_convs, renderer, tokenizer, opts)
-    val, _ = encode_conversations(val_convs, renderer, tokenizer, opts) if val_convs else ([],
-                                                                                           None)
-    report.encode = stats
-    _log_losses(stats)
-    if not train:
-        raise DataError("every sample was dropped during encoding (too long or nothing to "
-                        "train on); see the counts above")
-    return PreparedData(train, val, report)
+    train = _load_group(cfg.dataset, cfg, ctx, report, mix=True)
+    val = (_load_group(cfg.eval_dataset, cfg, ctx, report, mix=False)
+           if cfg.eval_dataset else None)
+    check_bad_rows(report, cfg.on_bad_row)
+    _log_losses(report.encode)
+    if len(train) == 0:
+        raise DataError(f"no usable samples in dataset(s) {', '.join(cfg.dataset)}; see the "
+                        "counts above")
+    train_pos, val_pos = validation_split(len(train), cfg.val_size, ctx.seed)
+    val_parts = [train.select(val_pos)] + ([val] if val is not None else [])
+    prepared = PreparedData(train.select(train_pos), _concat_views(val_parts), report)
+    if cfg.tokenized_path:
+        save_tokenized(prepared, Path(cfg.tokenized_path))
+    return prepared
+
+
+def apply_packing(data: PreparedData, cfg: DataConfig) -> Sequence[Any]:
+    """The training items: packed rows when `packing` (or `neat_packing`) is on, else the
+    samples. Packing figures go into the report (and so into the run summary)."""
+    if not (cfg.packing or cfg.neat_packing):
+        return data.train
+    lengths = getattr(data.train, "lengths", None)
+    if lengths is None:
+        lengths = np.array([len(s) for s in data.train], dtype=np.int64)
+    packed = PackedSamples(data.train, lengths, cfg.cutoff_len)
+    data.report.packing = packed.stats()
+    log.info("packing: %d samples into %d rows of %d tokens (efficiency %.1f%%)",
+             len(data.train), len(packed), cfg.cutoff_len, 100 * packed.efficiency())
+    return packed
+
+
+def _concat_views(views: list[IndexedSamples]) -> IndexedSamples:
+    stores = [s for v in views for s in v.stores]
+    shift = np.cumsum([0] + [len(v.stores) for v in views])
+    which = np.concatenate([v.which + shift[i] for i, v in enumerate(views)])
+    return IndexedSamples(stores, which, np.concatenate([v.index for v in views]))
+
+
+def check_bad_rows(report: DataReport, policy: str) -> None:
+    if not report.bad_rows:
+        return
+    text = report.bad_rows_text()
+    if policy == "error":
+        raise DataError(f"{len(report.bad_rows)} bad row(s); fix them or set on_bad_row: skip to "
+                        f"leave them out:\n{text}")
+    log.warning("skipped %d bad row(s) (on_bad_row: skip):\n%s", len(report.bad_rows), text)
+
+
+def save_tokenized(data: PreparedData, folder: Path) -> None:
+    """`tokenized_path`: the final train/val samples, reloadable without the source data."""
+    for name, samples in (("train", data.train), ("val", data.val)):
+        sources = [samples.source(i) for i in range(len(samples))]  # type: ignore[attr-defined]
+        SampleStore.from_samples(list(samples), sources).save(folder / name)
+    r = data.report
+    (folder / "manifest.json").write_text(json.dumps(
+        {"rows": r.rows, "bad_rows": [[b.where, b.reason] for b in r.bad_rows],
+         "stats": r.encode.to_dict()}), encoding="utf-8")
+    log.info("saved tokenised data to %s", folder)
+
+
+def load_tokenized(folder: Path) -> PreparedData:
+    saved = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+    report = DataReport(cache_hits=1)
+    report.add(saved["rows"], saved["bad_rows"], EncodeStats.from_dict(saved["stats"]))
+    log.info("loaded tokenised data from tokenized_path %s (data keys are not re-read)", folder)
+    return PreparedData(SampleStore.open(folder / "train"), SampleStore.open(folder / "val"),
+                        report)
 
 
 def _log_losses(stats: EncodeStats) -> None:

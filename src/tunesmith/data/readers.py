@@ -1,19 +1,36 @@
-"""Read dataset files into rows, remembering where each row came from."""
+"""Read dataset sources into rows, lazily, remembering where each row came from.
+
+Rows stream one at a time (JSONL, CSV and Parquet never load whole), so data larger than
+memory passes through. A row that cannot even be parsed (a malformed JSON line) comes out
+as a `RowError` in place of the row, so the caller can report it with the others.
+"""
 
 from __future__ import annotations
 
+import csv
 import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tunesmith.data.formats import RowError
 from tunesmith.errors import DataError
 
-Row = tuple[dict[str, Any], str]  # (row, "file:line" or "file[index]")
+Row = tuple[dict[str, Any] | RowError, str]  # (row or why it is unreadable, "file:line")
+FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
 
 
-def read_rows(path: Path) -> Iterator[Row]:
-    """Yield (row, location) from a .json, .jsonl, .csv or .parquet file."""
+def is_saved_dataset(path: Path) -> bool:
+    """A folder written by `datasets.Dataset(Dict).save_to_disk`."""
+    return path.is_dir() and ((path / "state.json").is_file()
+                              or (path / "dataset_dict.json").is_file())
+
+
+def read_rows(path: Path, split: str = "train") -> Iterator[Row]:
+    """Yield (row, location) from a .json, .jsonl, .csv or .parquet file or a saved dataset."""
+    if is_saved_dataset(path):
+        yield from _read_saved(path, split)
+        return
     suffix = path.suffix.lower()
     if not path.is_file():
         raise DataError(f"dataset file {str(path)!r} does not exist")
@@ -21,11 +38,13 @@ def read_rows(path: Path) -> Iterator[Row]:
         yield from _read_jsonl(path)
     elif suffix == ".json":
         yield from _read_json(path)
-    elif suffix in (".csv", ".parquet", ".arrow"):
-        yield from _read_tabular(path, suffix)
+    elif suffix == ".csv":
+        yield from _read_csv(path)
+    elif suffix == ".parquet":
+        yield from _read_parquet(path)
     else:
         raise DataError(f"dataset file {str(path)!r}: unsupported extension {suffix!r}; use "
-                        ".json, .jsonl, .csv or .parquet")
+                        ".json, .jsonl, .csv, .parquet or a folder saved with save_to_disk")
 
 
 def _read_jsonl(path: Path) -> Iterator[Row]:
@@ -34,63 +53,109 @@ def _read_jsonl(path: Path) -> Iterator[Row]:
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                yield json.loads(line), f"{path}:{lineno}"
             except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: malformed JSON line ({exc.msg} at column "
-                                f"{exc.colno}); fix or remove the line") from None
-            yield row, f"{path}:{lineno}"
+                yield RowError(f"malformed JSON line ({exc.msg} at column {exc.colno})"), \
+                    f"{path}:{lineno}"
 
 
 def _read_json(path: Path) -> Iterator[Row]:
+    """A JSON list of objects, parsed element by element (C speed) to learn each one's line."""
     text = path.read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+    pos = _skip_space(text, 0)
+    if text.startswith("{", pos):
+        yield _decode_at(decoder, text, pos, path)[0], f"{path}:{text.count(chr(10), 0, pos) + 1}"
+        return
+    if not text.startswith("[", pos):
+        raise DataError(f"{path}: expected a JSON list of objects")
+    pos, line, counted = _skip_space(text, pos + 1), 1, 0
+    while not text.startswith("]", pos):
+        line += text.count("\n", counted, pos)
+        counted = pos
+        row, end = _decode_at(decoder, text, pos, path)
+        yield row, f"{path}:{line}"
+        pos = _skip_space(text, end)
+        if text.startswith(",", pos):
+            pos = _skip_space(text, pos + 1)
+        elif not text.startswith("]", pos):
+            raise DataError(f"{path}:{text.count(chr(10), 0, pos) + 1}: malformed JSON "
+                            "(expected ',' or ']' after a list element); fix the file")
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def _decode_at(decoder: json.JSONDecoder, text: str, pos: int, path: Path) -> tuple[Any, int]:
     try:
-        data = json.loads(text)
+        return decoder.raw_decode(text, pos)
     except json.JSONDecodeError as exc:
         raise DataError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg} at column {exc.colno})"
-                        ) from None
-    if isinstance(data, dict):
-        data = [data]
-    if not isinstance(data, list):
-        raise DataError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")
-    lines = _object_start_lines(text, len(data))
-    for i, row in enumerate(data):
-        where = f"{path}:{lines[i]}" if lines else f"{path}[{i}]"
-        yield row, where
+                        "; fix the file (a .json file must parse as a whole)") from None
 
 
-def _object_start_lines(text: str, count: int) -> list[int] | None:
-    """Line number of each top-level list element in a JSON text (cheap bracket scan)."""
-    lines: list[int] = []
-    depth, line, in_str, esc = 0, 1, False, False
-    for ch in text:
-        if ch == "\n":
-            line += 1
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-            continue
-        if ch == '"':
-            in_str = True
-        elif ch in "[{":
-            depth += 1
-            if depth == 2:
-                lines.append(line)
-        elif ch in "]}":
-            depth -= 1
-    return lines if len(lines) == count else None
+def _read_csv(path: Path) -> Iterator[Row]:
+    """Every value is text (no type guessing turns an answer "4" into a number)."""
+    with open(path, encoding="utf-8", newline="") as fh:
+        reader = csv.DictReader(fh)
+        start = 2
+        for row in reader:
+            where = f"{path}:{start}"
+            start = reader.line_num + 1
+            if None in row:
+                yield RowError(f"{len(row[None])} more value(s) than header columns"), where
+                continue
+            yield row, where
 
 
-def _read_tabular(path: Path, suffix: str) -> Iterator[Row]:
+def _read_parquet(path: Path) -> Iterator[Row]:
     try:
-        import pyarrow.csv as pacsv
         import pyarrow.parquet as pq
     except ImportError:
         raise DataError(f"reading {path} needs pyarrow: pip install 'tunesmith[data]'") from None
-    table = pacsv.read_csv(path) if suffix == ".csv" else pq.read_table(path)
-    offset = 2 if suffix == ".csv" else 0  # csv: header is line 1
-    for i, row in enumerate(table.to_pylist()):
-        yield row, f"{path}:{i + offset}" if suffix == ".csv" else f"{path}[{i}]"
+    i = 0
+    for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+        for row in batch.to_pylist():
+            yield row, f"{path}[row {i}]"
+            i += 1
+
+
+def _read_saved(folder: Path, split: str) -> Iterator[Row]:
+    datasets = _import_datasets(folder)
+    ds = datasets.load_from_disk(str(folder))
+    if isinstance(ds, datasets.DatasetDict):
+        if split not in ds:
+            raise DataError(f"{folder}: saved dataset has splits {sorted(ds)}, not {split!r}; "
+                            "set split in dataset_info.json")
+        ds = ds[split]
+    for i, row in enumerate(ds):
+        yield row, f"{folder}[{split} row {i}]"
+
+
+def read_hub_rows(hub_id: str, subset: str | None, split: str, streaming: bool,
+                  offline: bool) -> Iterator[Row]:
+    """Rows of a Hugging Face hub dataset; a clear error when there is no network."""
+    if offline:
+        raise DataError(f"dataset {hub_id!r} is on the Hugging Face hub but the hub is offline "
+                        "(HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE); download it and point "
+                        "file_name (or dataset) at the local copy")
+    datasets = _import_datasets(Path(hub_id))
+    try:
+        ds = datasets.load_dataset(hub_id, subset, split=split, streaming=streaming)
+    except Exception as exc:  # network, auth and missing-split errors all land here
+        raise DataError(f"dataset {hub_id!r}: could not load it from the hub ({exc}); check the "
+                        "network and the id, or download it and use a local path") from None
+    for i, row in enumerate(ds):
+        yield row, f"{hub_id}[{split} row {i}]"
+
+
+def _import_datasets(where: Path) -> Any:
+    try:
+        import datasets
+    except ImportError:
+        raise DataError(f"reading {where} needs the datasets package: pip install "
+                        "'tunesmith[data]'") from None
+    return datasets

@@ -102,6 +102,16 @@ class ChatRenderer:
         self._specials = {k: v for k, v in (tokenizer.special_tokens_map or {}).items()
                           if isinstance(v, str)}
         self._checked = False
+        self._placer: Any = None
+
+    @property
+    def placer(self) -> Any:
+        """The TokenPlacer for this renderer's tokenizer (built on first use)."""
+        if self._placer is None:
+            from tunesmith.data.tokens import TokenPlacer
+
+            self._placer = TokenPlacer(self.tokenizer)
+        return self._placer
 
     def render_messages(self, messages: list[dict[str, Any]], tools: list | None = None,
                         add_generation_prompt: bool = False) -> str:
@@ -123,7 +133,8 @@ class ChatRenderer:
             if m["role"] != "assistant":
                 continue
             before = self.render_messages(msgs[:i], conv.tools, add_generation_prompt=True)
-            upto = self.render_messages(msgs[: i + 1], conv.tools)
+            upto = full if i == len(msgs) - 1 else self.render_messages(msgs[: i + 1],
+                                                                         conv.tools)
             if not (full.startswith(upto) and upto.startswith(before)):
                 raise DataError(f"{conv.source}: chat template {self.name!r} is not prefix-"
                                 "stable (it rewrites earlier turns when later ones are added), "

@@ -18,7 +18,8 @@ from tunesmith import __version__
 from tunesmith.adapters.setup import prepare_trainable
 from tunesmith.config.loader import dump_config
 from tunesmith.config.schema import Config
-from tunesmith.data.loading import prepare_data
+from tunesmith.data.loader import LoaderOptions
+from tunesmith.data.loading import DataContext, apply_packing, prepare_data
 from tunesmith.data.template import ChatRenderer, load_template_source
 from tunesmith.dist.context import DistContext, barrier, broadcast_object, init_distributed
 from tunesmith.dist.handoff import prepare_on_main
@@ -94,8 +95,11 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     tokenizer = load_tokenizer(model_path, trust_remote_code=m.trust_remote_code)
     template_name, template_source = load_template_source(m.template, tokenizer)
     renderer = ChatRenderer(template_name, template_source, tokenizer)
-    data = prepare_on_main(lambda: prepare_data(cfg.data, renderer, tokenizer, t.seed),
-                           out / ".cache", "prepared-data", ctx, t.ddp_timeout)
+    data = prepare_on_main(
+        lambda: prepare_data(cfg.data, DataContext(renderer, tokenizer, t.seed, f.stage,
+                                                   t.overwrite_cache)),
+        out / ".cache", "prepared-data", ctx, t.ddp_timeout)
+    train_items = apply_packing(data, cfg.data)
     if ctx.is_main:
         dump_config(cfg, out / "config.resolved.yaml")
 
@@ -107,12 +111,15 @@ def run_sft(cfg: Config) -> dict[str, Any]:
                              template_source=template_source, cfg=cfg)
     metrics = MetricsLog(out / "metrics.jsonl", t.report_to, out) if ctx.is_main else None
     lora = f.finetuning_type == "lora"
-    trainer = Trainer(model, NextTokenObjective(t.loss_impl, t.loss_chunk_size), data.train,
+    d = cfg.data
+    loader = LoaderOptions(d.batch_tokens, d.dataloader_num_workers, d.dataloader_pin_memory,
+                           d.dataloader_prefetch_factor, d.dataloader_persistent_workers)
+    trainer = Trainer(model, NextTokenObjective(t.loss_impl, t.loss_chunk_size), train_items,
                       data.val, t, pad_id=tokenizer.pad_token_id, device=device,
                       output_dir=out, metrics=metrics,
                       checkpoint_extra=save_artifacts if lora else None,
                       flops_per_token=partial(batch_flops, flop_model),
-                      strategy=build_strategy(t, ctx))
+                      strategy=build_strategy(t, ctx), loader=loader)
     if t.resume_from_checkpoint:
         trainer.resume(t.resume_from_checkpoint)
     try:

@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from tunesmith.config.schema import TrainingConfig
 from tunesmith.data.batching import Batch, collate, epoch_batches
 from tunesmith.data.encode import EncodedSample
+from tunesmith.data.loader import LoaderOptions, batch_iterator
 from tunesmith.dist.context import (
     DistContext,
     all_reduce_sum,
@@ -89,7 +90,8 @@ class Trainer:
                  train: list[EncodedSample], val: list[EncodedSample], cfg: TrainingConfig,
                  *, pad_id: int, device: torch.device, output_dir: Path,
                  metrics: MetricsLog | None, checkpoint_extra: Any = None,
-                 flops_per_token: Any = None, strategy: Strategy | None = None):
+                 flops_per_token: Any = None, strategy: Strategy | None = None,
+                 loader: LoaderOptions | None = None):
         self.model, self.objective, self.cfg = model, objective, cfg
         self.train, self.val = train, val
         self.pad_id, self.device, self.output_dir = pad_id, device, output_dir
@@ -99,8 +101,9 @@ class Trainer:
         self.world = self.ctx.world_size
         self.accum = cfg.gradient_accumulation_steps
         self.bs = cfg.per_device_train_batch_size
-        self.steps_per_epoch = steps_in_plan(math.ceil(len(train) / self.bs), self.accum,
-                                             self.world)
+        self.loader = loader or LoaderOptions()
+        self._plans: dict[int, list[list[int]]] = {}
+        self.steps_per_epoch = steps_in_plan(len(self.epoch_plan(0)), self.accum, self.world)
         self.total_steps = cfg.max_steps or math.ceil(cfg.num_train_epochs * self.steps_per_epoch)
         self.strategy.wrap(model, objective)  # before the optimizer: FSDP2 shards parameters
         self.optimizer = build_optimizer(model, cfg)
@@ -118,14 +121,24 @@ class Trainer:
                               "per_device_train_batch_size for distributed training")
         self.sizer = (MicroBatchSizer(self.bs * self.accum, cfg.memory_threshold, device)
                       if cfg.auto_batch_size else None)
+        self._batches: Any = None  # the loader's iterator, set by run()
         self.stop_requested = False  # set by request_stop(); checked after each optimizer step
 
     # ----- data position -------------------------------------------------------------
+    def epoch_plan(self, epoch: int) -> list[list[int]]:
+        """Micro-batches (sample indices) of an epoch: a pure function of (seed, epoch)."""
+        if epoch not in self._plans:
+            self._plans = {e: p for e, p in self._plans.items() if e >= epoch - 1}
+            self._plans[epoch] = epoch_batches(
+                len(self.train), self.bs, epoch, self.cfg.seed,
+                getattr(self.train, "lengths", None), self.loader.batch_tokens)
+        return self._plans[epoch]
+
     def _step_batches(self) -> list[Shard]:
         """This rank's micro-batches of the next optimizer step (advances state);
         `batch_in_epoch` counts plan entries, the same on every rank."""
         s = self.state
-        order = epoch_batches(len(self.train), self.bs, s.epoch, self.cfg.seed)
+        order = self.epoch_plan(s.epoch)
         chunk = order[s.batch_in_epoch:s.batch_in_epoch + self.accum * self.world]
         s.batch_in_epoch += len(chunk)
         if s.batch_in_epoch >= len(order):
@@ -326,6 +339,11 @@ class Trainer:
         start = time.perf_counter() - s.elapsed
         eval_loss = None
         window_losses: list[float] = []
+        # One process: batches come from the loader (workers, pinned memory, prefetch) in
+        # plan order. Several ranks or auto_batch_size: this rank's shards are collated here.
+        self._batches = (batch_iterator(self.train, self.epoch_plan, s.epoch,
+                                        s.batch_in_epoch, self.pad_id, self.loader, self.device)
+                         if self.world == 1 and self.sizer is None else None)
         while s.step < self.total_steps:
             micro, live, (loss, norm) = self._run_step(self._step_batches())
             s.step += 1
@@ -369,7 +387,10 @@ class Trainer:
 
     def _collate_step(self, groups: list[list[int]]) -> list[Batch]:
         t0 = time.perf_counter()
-        micro = [collate([self.train[i] for i in idx], self.pad_id) for idx in groups]
+        if self._batches is not None:  # the loader yields exactly these groups, in order
+            micro = [next(self._batches) for _ in groups]
+        else:
+            micro = [collate([self.train[i] for i in idx], self.pad_id) for idx in groups]
         self.throughput.add_data_wait(time.perf_counter() - t0)
         return micro
 

@@ -11,6 +11,7 @@ from typing import Protocol
 import torch
 
 from tunesmith.data.batching import Batch
+from tunesmith.kernels.attention import VARLEN_ATTENTION
 from tunesmith.kernels.linear_ce import (
     chunked_linear_cross_entropy,
     linear_cross_entropy_reference,
@@ -28,17 +29,25 @@ def auto_chunk_rows(vocab: int, budget_bytes: int = 512 << 20) -> int:
     return 1 << (rows.bit_length() - 1)
 
 
-def trunk_inputs(batch: Batch) -> dict:
+def trunk_inputs(batch: Batch, trunk: torch.nn.Module | None = None) -> dict:
     """Keyword inputs of the decoder trunk for a batch: padded batches pass their attention
     mask; packed (padding-free) batches pass restarting position ids and the segment
-    boundaries that varlen attention reads (transformers forwards them to it)."""
+    boundaries that varlen attention reads (transformers forwards them to it). Packed
+    batches on any other attention (sdpa, eager: the reference path) also pass the
+    block-diagonal causal mask, so samples never attend to each other."""
     cu = getattr(batch, "cu_seqlens", None)
     if cu is None:
         # no padding at all: no mask, so attention takes its plain causal path
         dense = batch.n_tokens == batch.input_ids.numel()
         return {"attention_mask": None if dense else batch.attention_mask}
-    return {"position_ids": batch.position_ids, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
-            "max_length_q": batch.max_seqlen, "max_length_k": batch.max_seqlen}
+    inputs = {"position_ids": batch.position_ids, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
+              "max_length_q": batch.max_seqlen, "max_length_k": batch.max_seqlen}
+    impl = getattr(getattr(trunk, "config", None), "_attn_implementation", "sdpa")
+    if impl != VARLEN_ATTENTION and batch.segment_ids is not None:
+        dtype = next(trunk.parameters()).dtype if trunk is not None else torch.float32
+        inputs["attention_mask"] = packed_attention_mask(
+            batch.segment_ids, dtype if impl == "eager" else None)
+    return inputs
 
 
 class NextTokenObjective:
@@ -50,7 +59,7 @@ class NextTokenObjective:
 
     def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         trunk, head = split_causal_lm(model)
-        out = trunk(input_ids=batch.input_ids, use_cache=False, **trunk_inputs(batch))
+        out = trunk(input_ids=batch.input_ids, use_cache=False, **trunk_inputs(batch, trunk))
         hidden = out.last_hidden_state  # [B, T, H]
         rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index)  # [K, H]
         if getattr(head, "bias", None) is not None:  # rare; the plain path handles the bias
@@ -60,3 +69,23 @@ class NextTokenObjective:
             return linear_cross_entropy_reference(rows, head.weight, batch.target_ids)
         chunk = self.chunk_size or auto_chunk_rows(head.weight.shape[0])
         return chunked_linear_cross_entropy(rows, head.weight, batch.target_ids, chunk)
+
+
+def packed_attention_mask(segment_ids: torch.Tensor, dtype: torch.dtype | None = None
+                          ) -> torch.Tensor:
+    """Block-diagonal causal mask of packed rows: True (or 0.0) where a query may attend.
+
+    segment_ids: [B, T] (1..k per sample, 0 on padding, which attends only to padding).
+    Returns [B, 1, T, T]: boolean (what sdpa takes) when `dtype` is None, else additive in
+    `dtype` (0 / most negative; what eager attention adds to its scores). This is the
+    reference path; a varlen attention kernel uses the batch's cu_seqlens instead.
+    """
+    t = segment_ids.shape[1]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [B, T, T]
+    causal = torch.ones(t, t, dtype=torch.bool, device=segment_ids.device).tril()
+    allowed = same & causal
+    if dtype is None:
+        return allowed[:, None]  # [B, 1, T, T]
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=segment_ids.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None]  # [B, 1, T, T]

@@ -69,5 +69,8 @@ def format_summary(summary: dict[str, Any], out: Path) -> str:
         f"truncated {d['truncated_prompt'] + d['truncated_response']}, dropped "
         f"{d['dropped_too_long'] + d['dropped_no_trained_tokens']}",
     ]
+    if d.get("packing_efficiency") is not None:
+        lines.append(f"  packing          {d['packed_samples']} samples in {d['packed_rows']} "
+                     f"rows, efficiency {d['packing_efficiency']:.1%}")
     lines += [f"  suggestion       {s}" for s in summary["suggestions"]]
     return "\n".join(lines)
