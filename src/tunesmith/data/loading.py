@@ -27,10 +27,11 @@ from tunesmith.data.cache import (
     file_digest,
     tokenizer_digest,
 )
+from tunesmith.data.conversation import Conversation
 from tunesmith.data.encode import EncodedSample, EncodeOptions, EncodeStats
 from tunesmith.data.mixing import mix_plan, resample, validation_split
 from tunesmith.data.packing import PackedSamples
-from tunesmith.data.pipeline import EncodeJob, run_pipeline, worker_count
+from tunesmith.data.pipeline import EncodeJob, convert_row, run_pipeline, worker_count
 from tunesmith.data.readers import Row, read_hub_rows, read_rows
 from tunesmith.data.registry import DatasetEntry, resolve_dataset
 from tunesmith.data.store import IndexedSamples, SampleStore
@@ -142,6 +143,24 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
         encoding="utf-8")
     report.add(result.rows, result.bad_rows, result.stats)
     return result.store
+
+
+def load_conversations(entry: DatasetEntry, cfg: DataConfig, report: DataReport
+                       ) -> list[Conversation]:
+    """Rows of one dataset converted and checked but not tokenised (inspection, prediction);
+    bad rows are counted in `report` with their place and reason."""
+    job = EncodeJob(entry.spec, encode_options(cfg, "sft"), "", "", None,
+                    dict(cfg.dataset_vars))
+    bad: list[tuple[str, str]] = []
+    convs: list[Conversation] = []
+    rows = 0
+    for row, where in _entry_rows(entry, cfg):
+        rows += 1
+        conv = convert_row(row, where, job, bad)
+        if conv is not None:
+            convs.append(conv)
+    report.add(rows, bad, EncodeStats())
+    return convs
 
 
 def _entry_rows(entry: DatasetEntry, cfg: DataConfig) -> Iterator[Row]:

@@ -22,7 +22,7 @@ import torch
 
 from tunesmith.config.schema import Config
 from tunesmith.data.batching import collate
-from tunesmith.data.loading import DataReport, load_conversations, prepare_data
+from tunesmith.data.loading import DataContext, DataReport, load_conversations, prepare_data
 from tunesmith.data.registry import resolve_dataset
 from tunesmith.errors import ConfigError, DataError
 from tunesmith.evaluation.benchmark import LETTERS, Predictor, load_benchmark, run_benchmark
@@ -80,7 +80,8 @@ def evaluate_loss(cfg: Config, engine: HFEngine) -> dict[str, Any]:
     perplexity = exp(loss), with the training objective and data pipeline."""
     data_cfg = dataclasses.replace(cfg.data, dataset=_dataset_names(cfg), eval_dataset=[],
                                    val_size=0.0)
-    samples = prepare_data(data_cfg, engine.renderer, engine.tokenizer, cfg.training.seed).train
+    samples = prepare_data(data_cfg, DataContext(engine.renderer, engine.tokenizer,
+                                                 cfg.training.seed)).train
     t = cfg.training
     objective = NextTokenObjective(t.loss_impl, t.loss_chunk_size)
     loss_sum, tokens = 0.0, 0

@@ -9,7 +9,7 @@ from typing import Any
 import gradio as gr
 
 from tunesmith.config.schema import DataConfig
-from tunesmith.data.registry import DATA_FILE_SUFFIXES
+from tunesmith.data.readers import FILE_SUFFIXES as DATA_FILE_SUFFIXES
 from tunesmith.data.template import builtin_template_names
 from tunesmith.errors import ConfigError, TunesmithError
 from tunesmith.webui.data_view import Highlighted, dataset_choices, inspect_dataset

@@ -17,7 +17,8 @@ import numpy as np
 from tunesmith.config.schema import DataConfig
 from tunesmith.data.encode import IGNORE_INDEX, EncodeOptions, encode_conversations, trained_spans
 from tunesmith.data.loading import DataReport, load_conversations
-from tunesmith.data.registry import DATA_FILE_SUFFIXES, builtin_data_dir, resolve_dataset
+from tunesmith.data.readers import FILE_SUFFIXES as DATA_FILE_SUFFIXES
+from tunesmith.data.registry import builtin_data_dir, resolve_dataset
 from tunesmith.data.template import ChatRenderer, load_template_source
 from tunesmith.models.loader import load_tokenizer
 from tunesmith.models.provision import resolve_model_path
@@ -68,7 +69,7 @@ def inspect_dataset(dataset: str, data_cfg: DataConfig, model_name_or_path: str,
     opts = EncodeOptions(data_cfg.cutoff_len, "drop" if data_cfg.truncation == "error"
                          else data_cfg.truncation, data_cfg.train_on_prompt,
                          data_cfg.mask_history)
-    encoded, stats = encode_conversations(convs, renderer, tokenizer, opts)
+    encoded, _, stats = encode_conversations(convs, renderer, tokenizer, opts)
     lengths = np.array([len(s) for s in encoded] or [0])
     trained = np.array([int((s.labels != IGNORE_INDEX).sum()) for s in encoded] or [0])
     figures = {"rows": report.rows, "bad_rows": len(report.bad_rows),
