@@ -9,7 +9,6 @@ merged weights are written in the base's own dtype.
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import torch
 
+from tunesmith.adapters.saved import saved_chat_template
 from tunesmith.config.environment import hub_offline
 from tunesmith.config.schema import ModelConfig
 from tunesmith.data.template import load_template_source
@@ -88,23 +88,9 @@ def check_adapters(paths: list[str]) -> None:
                              "adapter_config.json); give the output_dir of a LoRA run")
 
 
-def trained_template(adapters: list[str]) -> str | None:
-    """The chat template saved with the last adapter that has one (the one it trained with)."""
-    for path in reversed(adapters):
-        folder = Path(path)
-        if (folder / "chat_template.jinja").is_file():
-            return (folder / "chat_template.jinja").read_text(encoding="utf-8")
-        tok_cfg = folder / "tokenizer_config.json"
-        if tok_cfg.is_file():
-            value = json.loads(tok_cfg.read_text(encoding="utf-8")).get("chat_template")
-            if isinstance(value, str):
-                return value
-    return None
-
-
 def resolve_template(template: str, adapters: list[str], tokenizer: Any) -> str:
     """The chat template to ship: the adapter's own, else `template:`, else the tokenizer's."""
-    trained = trained_template(adapters)
+    trained = saved_chat_template(adapters)
     if trained is not None:
         if template and load_template_source(template, tokenizer)[1] != trained:
             raise ConfigError(f"template: {template!r} differs from the template adapter "

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from tunesmith.adapters.saved import saved_chat_template
 from tunesmith.adapters.setup import load_adapters
 from tunesmith.data.template import ChatRenderer, load_template_source
 from tunesmith.errors import ConfigError, ModelError
@@ -82,21 +82,6 @@ class Engine(Protocol):
                ) -> Iterator[str]: ...
 
     def generate(self, messages: list[dict[str, Any]], params: GenerationParams) -> str: ...
-
-
-def adapter_template(paths: list[str]) -> str | None:
-    """The chat template saved with the last adapter that has one."""
-    for path in reversed(paths):
-        folder = Path(path)
-        jinja = folder / "chat_template.jinja"
-        if jinja.is_file():
-            return jinja.read_text(encoding="utf-8")
-        cfg = folder / "tokenizer_config.json"
-        if cfg.is_file():
-            value = json.loads(cfg.read_text(encoding="utf-8")).get("chat_template")
-            if isinstance(value, str):
-                return value
-    return None
 
 
 def check_adapters(adapters: list[str]) -> None:
@@ -304,7 +289,7 @@ def _advance(i: int, row: _Row, token: int, cancelled: threading.Event
 
 
 def _pick_renderer(template: str, adapters: list[str], tokenizer: Any) -> ChatRenderer:
-    trained = adapter_template(adapters)
+    trained = saved_chat_template(adapters)
     if template and trained is not None:
         _, requested = load_template_source(template, tokenizer)
         if requested.strip() != trained.strip():
