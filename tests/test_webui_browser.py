@@ -4,9 +4,7 @@ preview; a path outside the working folder refused; a screenshot of every tab.""
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 
 import pytest
 from playwright.sync_api import expect
@@ -19,6 +17,7 @@ from webui_browser import (
     require_chromium,
     screenshot,
     serve,
+    set_job_environment,
 )
 
 pytestmark = pytest.mark.browser
@@ -31,8 +30,7 @@ def browser_tab(tiny_llama_dir, tmp_path_factory):
     require_chromium()
     work = make_workspace(tmp_path_factory.mktemp("webui"), tiny_llama_dir)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join(sys.path))  # job children import this tree
-        mp.setenv("OMP_NUM_THREADS", "1")  # tiny model: more threads only contend
+        set_job_environment(mp, work)
         with serve(work) as url, browser_page(url) as pg:
             yield pg
 

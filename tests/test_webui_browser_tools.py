@@ -1,22 +1,14 @@
 """Evaluate and Export in headless Chromium: the tabs write the YAML of `tunesmith eval` /
 `tunesmith export`, run it as a job, and show the scores / the exported files.
-
-These need the eval and export commands (issues 6 and 7). While the CLI lacks a command
-its tests are expected failures (strict xfail: they still run and must fail; once the
-command is listed in `tunesmith --help` they must pass); never skipped.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import re
-import sys
 
 import pytest
 from playwright.sync_api import expect
 
-from tunesmith.cli.main import USAGE
 from webui_browser import (
     browser_page,
     field,
@@ -26,17 +18,11 @@ from webui_browser import (
     require_chromium,
     screenshot,
     serve,
+    set_job_environment,
     wait_for_status,
 )
 
 pytestmark = pytest.mark.browser
-
-
-def needs_command(name: str):
-    """Expected to fail (strictly) while `tunesmith <name>` does not exist yet."""
-    missing = re.search(rf"^\s+{name}\b", USAGE, re.MULTILINE) is None
-    return pytest.mark.xfail(missing, strict=True,
-                             reason=f"`tunesmith {name}` is not merged yet (issue 6/7)")
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +30,7 @@ def browser_tab(tiny_llama_dir, tmp_path_factory):
     require_chromium()
     work = make_workspace(tmp_path_factory.mktemp("webui-tools"), tiny_llama_dir)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("PYTHONPATH", os.pathsep.join(sys.path))  # job children import this tree
-        mp.setenv("OMP_NUM_THREADS", "1")  # tiny model: more threads only contend
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setenv("TUNESMITH_CACHE", str(work / "cache"))
+        set_job_environment(mp, work)
         make_finished_run(work)
         with serve(work) as url, browser_page(url) as pg:
             yield pg, work
@@ -60,7 +43,6 @@ def page(browser_tab):
     return pg, work
 
 
-@needs_command("eval")
 def test_evaluate_loss_of_a_finished_run(page):
     pg, work = page
     pg.get_by_role("tab", name="Evaluate").click()
@@ -81,7 +63,6 @@ def test_evaluate_loss_of_a_finished_run(page):
     assert "loss" in pg.locator("#eval-results").inner_text()
 
 
-@needs_command("export")
 @pytest.mark.parametrize("fmt, suffix", [("hf", ".safetensors"), ("gguf", ".gguf")])
 def test_export_a_finished_run(page, fmt, suffix):
     pg, work = page

@@ -40,6 +40,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def set_job_environment(mp: pytest.MonkeyPatch, work: Path) -> None:
+    """Environment the UI's job processes inherit: this source tree, one OpenMP thread (a
+    tiny model only contends for more), offline, and the workspace's own cache."""
+    import sys
+
+    mp.setenv("PYTHONPATH", os.pathsep.join(sys.path))
+    mp.setenv("OMP_NUM_THREADS", "1")
+    mp.setenv("HF_HUB_OFFLINE", "1")
+    mp.setenv("TUNESMITH_CACHE", str(work / "cache"))
+
+
 def make_workspace(root: Path, model_dir: Path) -> Path:
     """A working folder holding a copy of the tiny model and an alpaca dataset."""
     shutil.copytree(model_dir, root / "models" / "tiny")
