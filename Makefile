@@ -32,7 +32,8 @@ demo: $(STAMP)
 	grep -q Tuney saves/demo/answer.txt || { echo "demo FAILED: the answer lacks the new name"; exit 1; }; \
 	echo "demo OK in $$(( $$(date +%s) - start )) s (loss curve: saves/demo/loss.png)"
 
-test: $(STAMP)
+# Lint and the layer check run first: CI lints every file it tests.
+test: quality
 	$(PY) -m pytest -q
 
 test-gpu: $(STAMP)
@@ -42,7 +43,7 @@ bench: $(STAMP)
 	$(PY) bench/gpu_train.py --out docs/benchmarks
 
 quality: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff check src tests bench tools
 	$(PY) tools/check_layers.py
 
 clean:

@@ -64,8 +64,8 @@ def run_case(a: argparse.Namespace) -> None:
     from tunesmith.cli.setup import setup_process
     from tunesmith.config.environment import distributed_env
     from tunesmith.config.schema import FinetuningConfig, TrainingConfig
-    from tunesmith.dist.context import all_reduce_sum, init_distributed
-    from tunesmith.dist.strategy import build_strategy
+    from tunesmith.distributed.context import all_reduce_sum, init_distributed
+    from tunesmith.distributed.strategy import build_strategy
 
     setup_process(a.seed, rank=distributed_env()["rank"])
     _, strategy, ft, mb = CASES[a.case]
@@ -99,7 +99,7 @@ def run_case(a: argparse.Namespace) -> None:
     result["peak_mem_gb_per_gpu"] = round(peak / ctx.world_size, 2)
     if ctx.is_main:
         (a.out / f"{a.case}.json").write_text(json.dumps(result, indent=2))
-    from tunesmith.dist.context import shutdown_process_group
+    from tunesmith.distributed.context import shutdown_process_group
 
     shutdown_process_group()
 
@@ -226,7 +226,7 @@ def drive_case(name: str, a: argparse.Namespace, env: dict, left: float,
     argv += ["--checkpointing"] if checkpointing else []
     argv += ["--no-compile"] if a.no_compile else []
     argv += ["--compile-full"] if a.compile_full else []
-    from tunesmith.dist.launch import free_port
+    from tunesmith.distributed.launch import free_port
 
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
             "--master_addr", "127.0.0.1", "--master_port", str(free_port())]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 def run_all(spec_file: str) -> None:
     from tunesmith.config import load_config
-    from tunesmith.dist.context import shutdown_process_group
+    from tunesmith.distributed.context import shutdown_process_group
     from tunesmith.recipes.sft import run_sft
 
     for overrides in json.loads(Path(spec_file).read_text()):
@@ -24,7 +24,7 @@ def run_all(spec_file: str) -> None:
 
 def fail_on_rank_1() -> None:
     """Rank 1 raises; rank 0 meanwhile blocks in a collective it can never finish."""
-    from tunesmith.dist.context import all_reduce_sum, init_distributed
+    from tunesmith.distributed.context import all_reduce_sum, init_distributed
     from tunesmith.errors import TrainingError
 
     ctx = init_distributed("cpu", "gloo", timeout_s=60)
@@ -36,7 +36,7 @@ def fail_on_rank_1() -> None:
 def main() -> None:
     from tunesmith.cli.setup import setup_process
     from tunesmith.config.environment import distributed_env
-    from tunesmith.dist.launch import run_recorded
+    from tunesmith.distributed.launch import run_recorded
 
     setup_process(0, rank=distributed_env()["rank"])
     if sys.argv[1] == "--fail":

@@ -59,7 +59,7 @@ def _torchrun(nproc: int, *args: str) -> list[str]:
 
 
 def _port() -> int:
-    from tunesmith.dist.launch import free_port
+    from tunesmith.distributed.launch import free_port
 
     return free_port()
 

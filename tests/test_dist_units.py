@@ -11,11 +11,11 @@ import pytest
 from tunesmith.config import load_config
 from tunesmith.config.environment import LaunchEnv, launch_env
 from tunesmith.data.batching import epoch_batches
-from tunesmith.dist.context import DistContext, pick_backend
-from tunesmith.dist.handoff import _wait_for, prepare_on_main
-from tunesmith.dist.launch import processes_to_launch, torchrun_command
-from tunesmith.dist.sharding import shard_step, steps_in_plan
-from tunesmith.dist.strategy import fsdp_settings, strategy_name
+from tunesmith.distributed.context import DistContext, pick_backend
+from tunesmith.distributed.handoff import _wait_for, prepare_on_main
+from tunesmith.distributed.launch import processes_to_launch, torchrun_command
+from tunesmith.distributed.sharding import shard_step, steps_in_plan
+from tunesmith.distributed.strategy import fsdp_settings, strategy_name
 from tunesmith.errors import ConfigError, TrainingError
 
 
@@ -133,7 +133,7 @@ def test_ddp_backend_key():
 
 def test_deepspeed_config_auto_values_come_from_the_yaml(tmp_path):
     pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
-    from tunesmith.dist.deepspeed import load_ds_config
+    from tunesmith.distributed.deepspeed import load_ds_config
 
     path = tmp_path / "ds.json"
     path.write_text('{"train_micro_batch_size_per_gpu": "auto", "gradient_clipping": "auto",'

@@ -16,6 +16,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
+from tunesmith.runs import folder as runs_folder
 from tunesmith.train import checkpoint as ckpt
 
 SRC = str(Path(__file__).parents[1] / "src")
@@ -42,7 +43,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, tiny_llama_dir, alpa
     uninterrupted = _train(_config(tmp_path, tiny_llama_dir, alpaca_file, full_out))
     victim = _train(_config(tmp_path, tiny_llama_dir, alpaca_file, killed_out))
     deadline = time.time() + 120
-    while not ckpt.list_checkpoints(killed_out):
+    while not runs_folder.list_checkpoints(killed_out):
         assert victim.poll() is None, victim.stdout.read()
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.01)
@@ -50,7 +51,7 @@ def test_sigkill_then_resume_equals_uninterrupted(tmp_path, tiny_llama_dir, alpa
     victim.wait()
     assert victim.returncode == -signal.SIGKILL
     assert not (killed_out / "adapter_model.safetensors").exists()  # it did not finish
-    resumed_from = ckpt.latest_checkpoint(killed_out)
+    resumed_from = runs_folder.latest_checkpoint(killed_out)
     assert resumed_from is not None and int(resumed_from.name.split("-")[1]) < 300
 
     resumed = _train(_config(tmp_path, tiny_llama_dir, alpaca_file, killed_out),
@@ -81,9 +82,9 @@ def test_crash_while_writing_leaves_previous_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         ckpt.save_checkpoint(tmp_path, 20, model, opt, sched, None, {"step": 20})
     assert (tmp_path / ".checkpoint-20.tmp").exists()  # the debris is there ...
-    assert ckpt.latest_checkpoint(tmp_path) == first  # ... but never picked
+    assert runs_folder.latest_checkpoint(tmp_path) == first  # ... but never picked
     (tmp_path / "checkpoint-30").mkdir()  # a folder without trainer_state.json: incomplete
-    assert ckpt.list_checkpoints(tmp_path) == [first]
+    assert runs_folder.list_checkpoints(tmp_path) == [first]
 
 
 def test_save_total_limit_rotates(tmp_path):
@@ -93,4 +94,4 @@ def test_save_total_limit_rotates(tmp_path):
     for step in (5, 10, 15):
         ckpt.save_checkpoint(tmp_path, step, model, opt, sched, None, {"step": step})
         ckpt.rotate_checkpoints(tmp_path, 2)
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["checkpoint-10", "checkpoint-15"]
+    assert [p.name for p in runs_folder.list_checkpoints(tmp_path)] == ["checkpoint-10", "checkpoint-15"]

@@ -9,7 +9,7 @@ from pathlib import Path
 LAYERS: dict[str, int] = {
     "errors": 0, "config": 0,
     "models": 1, "kernels": 1,
-    "adapters": 2, "data": 2, "dist": 2,
+    "adapters": 2, "data": 2, "distributed": 2, "runs": 2,
     "train": 3, "infer": 3, "export": 3, "evaluation": 3,
     "recipes": 4, "stages": 4, "benchmarks": 4,
     "serve": 5, "webui": 5,

@@ -59,7 +59,7 @@ def cmd_train(args: list[str]) -> int:
     path, overrides = parse_cli_args(args)
     cfg = load_config(path, overrides)  # checked once, before any process is started
     from tunesmith.config.environment import distributed_env, launch_env
-    from tunesmith.dist.launch import gpu_count, processes_to_launch, relaunch, run_recorded
+    from tunesmith.distributed.launch import gpu_count, processes_to_launch, relaunch, run_recorded
 
     env = launch_env()
     nproc = processes_to_launch(env, gpu_count())
@@ -70,7 +70,7 @@ def cmd_train(args: list[str]) -> int:
     from tunesmith.recipes.sft import run_sft
 
     if distributed_env()["world_size"] > 1:
-        from tunesmith.dist.context import shutdown_process_group
+        from tunesmith.distributed.context import shutdown_process_group
 
         try:  # torchrun's report then names this rank and its error
             run_recorded(lambda: run_sft(cfg))

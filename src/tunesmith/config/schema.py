@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 FinetuningType = Literal["lora", "freeze", "full"]
 Stage = Literal["sft", "pt"]
@@ -287,7 +287,9 @@ def field_index() -> dict[str, tuple[str, dataclasses.Field]]:
     index: dict[str, tuple[str, dataclasses.Field]] = {}
     for section in SECTIONS:
         section_type = Config.__dataclass_fields__[section].default_factory
+        hints = get_type_hints(section_type)  # a section may live in another module
         for f in dataclasses.fields(section_type):
+            f.type = hints[f.name]
             assert f.name not in index, f"duplicate config key {f.name}"
             index[f.name] = (section, f)
     return index

@@ -21,9 +21,9 @@ from tunesmith.config.schema import Config
 from tunesmith.data.loader import LoaderOptions
 from tunesmith.data.loading import DataContext, apply_packing, prepare_data
 from tunesmith.data.template import ChatRenderer, load_template_source
-from tunesmith.dist.context import DistContext, barrier, broadcast_object, init_distributed
-from tunesmith.dist.handoff import prepare_on_main
-from tunesmith.dist.strategy import build_strategy, fsdp_settings
+from tunesmith.distributed.context import DistContext, barrier, broadcast_object, init_distributed
+from tunesmith.distributed.handoff import prepare_on_main
+from tunesmith.distributed.strategy import build_strategy, fsdp_settings
 from tunesmith.errors import ConfigError, TunesmithError
 from tunesmith.kernels.fused import liger_ops
 from tunesmith.models.acceleration import (
@@ -35,15 +35,12 @@ from tunesmith.models.acceleration import (
 from tunesmith.models.flops import batch_flops, build_flop_model
 from tunesmith.models.loader import load_causal_lm, load_tokenizer
 from tunesmith.models.provision import resolve_model_path
-from tunesmith.train.checkpoint import list_checkpoints
+from tunesmith.runs.folder import LOSS_PLOT_FILE, METRICS_FILE, OUTPUT_ARTIFACTS, list_checkpoints
 from tunesmith.train.loop import Trainer
 from tunesmith.train.metrics import MetricsLog, plot_loss
 from tunesmith.train.summary import write_summary
 
 log = logging.getLogger(__name__)
-
-OUTPUT_ARTIFACTS = ("metrics.jsonl", "loss.png", "run_summary.json", "config.resolved.yaml")
-
 
 def check_output_dir(cfg: Config) -> Path:
     t = cfg.training
@@ -109,7 +106,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     flop_model = build_flop_model(model, full=f.finetuning_type == "full")
     save_artifacts = partial(_save_model, model=model, tokenizer=tokenizer,
                              template_source=template_source, cfg=cfg)
-    metrics = MetricsLog(out / "metrics.jsonl", t.report_to, out) if ctx.is_main else None
+    metrics = MetricsLog(out / METRICS_FILE, t.report_to, out) if ctx.is_main else None
     lora = f.finetuning_type == "lora"
     d = cfg.data
     loader = LoaderOptions(d.batch_tokens, d.dataloader_num_workers, d.dataloader_pin_memory,
@@ -128,7 +125,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
         if metrics is not None:
             metrics.close()
             if t.plot_loss:
-                plot_loss(out / "metrics.jsonl", out / "loss.png")
+                plot_loss(out / METRICS_FILE, out / LOSS_PLOT_FILE)
     if result.stopped:  # graceful stop: the checkpoint is the output; resume to finish
         barrier(ctx)
         return {"stopped": True, "steps": result.state.step, "checkpoint": str(result.checkpoint)}

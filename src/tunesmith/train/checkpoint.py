@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,9 +24,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tunesmith.errors import TrainingError
-
-STATE_FILE = "trainer_state.json"
-_CKPT = re.compile(r"^checkpoint-(\d+)$")
+from tunesmith.runs.folder import (
+    STATE_FILE,
+    checkpoint_path,
+    checkpoint_tmp,
+    list_checkpoints,
+)
 
 
 def capture_rng() -> dict[str, Any]:
@@ -72,10 +74,6 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
             if p.requires_grad}
 
 
-def checkpoint_tmp(output_dir: Path, step: int) -> Path:
-    return output_dir / f".checkpoint-{step}.tmp"
-
-
 def begin_checkpoint(output_dir: Path, step: int) -> Path:
     """Create the empty temporary folder of checkpoint-`step` (rank 0, before the others
     write engine state into it)."""
@@ -88,7 +86,7 @@ def begin_checkpoint(output_dir: Path, step: int) -> Path:
 def finish_checkpoint(output_dir: Path, step: int, state: CheckpointState,
                       extra_writer: Any = None) -> Path:
     """Write `state` into the temporary folder, fsync, rename to checkpoint-`step`."""
-    final = output_dir / f"checkpoint-{step}"
+    final = checkpoint_path(output_dir, step)
     tmp = checkpoint_tmp(output_dir, step)
     tmp.mkdir(parents=True, exist_ok=True)
     save_file(state.weights, str(tmp / "trainable.safetensors"))
@@ -151,23 +149,6 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def list_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
-    if not output_dir.is_dir():
-        return []
-    found = []
-    for p in output_dir.iterdir():
-        m = _CKPT.match(p.name)
-        if m and (p / STATE_FILE).is_file():
-            found.append((int(m.group(1)), p))
-    return [p for _, p in sorted(found)]
-
-
-def latest_checkpoint(output_dir: Path) -> Path | None:
-    ckpts = list_checkpoints(output_dir)
-    return ckpts[-1] if ckpts else None
 
 
 def read_checkpoint(path: Path) -> CheckpointState:

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import logging
 import math
-import signal
-import threading
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,34 +27,22 @@ from tunesmith.config.schema import TrainingConfig
 from tunesmith.data.batching import Batch, collate, epoch_batches
 from tunesmith.data.encode import EncodedSample
 from tunesmith.data.loader import LoaderOptions, batch_iterator
-from tunesmith.dist.context import (
+from tunesmith.distributed.context import (
     DistContext,
     all_reduce_sum,
-    barrier,
-    broadcast_object,
-    gather_objects,
     reduce_tensor,
 )
-from tunesmith.dist.sharding import Shard, shard_step, steps_in_plan
-from tunesmith.dist.strategy import Strategy
+from tunesmith.distributed.sharding import Shard, shard_step, steps_in_plan
+from tunesmith.distributed.strategy import Strategy
 from tunesmith.errors import ConfigError, TrainingError
 from tunesmith.models.acceleration import activation_offload
-from tunesmith.train.checkpoint import (
-    CheckpointState,
-    begin_checkpoint,
-    capture_rng,
-    check_weights,
-    checkpoint_tmp,
-    finish_checkpoint,
-    latest_checkpoint,
-    read_checkpoint,
-    restore_rng,
-    rotate_checkpoints,
-)
+from tunesmith.runs.folder import latest_checkpoint
 from tunesmith.train.memory import MicroBatchSizer, out_of_memory_message
 from tunesmith.train.metrics import MetricsLog
 from tunesmith.train.objective import Objective
 from tunesmith.train.optim import build_optimizer, build_scheduler
+from tunesmith.train.saving import resume_trainer, save_trainer
+from tunesmith.train.stopping import GracefulStop
 from tunesmith.train.throughput import Throughput
 
 log = logging.getLogger(__name__)
@@ -122,7 +108,7 @@ class Trainer:
         self.sizer = (MicroBatchSizer(self.bs * self.accum, cfg.memory_threshold, device)
                       if cfg.auto_batch_size else None)
         self._batches: Any = None  # the loader's iterator, set by run()
-        self.stop_requested = False  # set by request_stop(); checked after each optimizer step
+        self.stop = GracefulStop()  # checked after each optimizer step
 
     # ----- data position -------------------------------------------------------------
     def epoch_plan(self, epoch: int) -> list[list[int]]:
@@ -234,77 +220,15 @@ class Trainer:
 
     # ----- checkpoints (every rank calls; rank 0 writes) -------------------------------
     def save(self) -> Path:
-        s, ctx = self.state, self.ctx
-        weights = self.strategy.trainable_state()
-        optim = None if self.cfg.save_only_model else self.strategy.optimizer_state(
-            self.optimizer)
-        rngs = gather_objects(capture_rng(), ctx)
-        if ctx.is_main:
-            begin_checkpoint(self.output_dir, s.step)
-        barrier(ctx)
-        self.strategy.save_engine_state(checkpoint_tmp(self.output_dir, s.step))
-        path = self.output_dir / f"checkpoint-{s.step}"
-        if ctx.is_main:
-            meta = {**asdict(s), "total_steps": self.total_steps, "world_size": self.world,
-                    "strategy": self.strategy.name}
-            sched = self.scheduler.state_dict() if optim is not None else None
-            scaler = self.scaler.state_dict() if self.scaler and optim is not None else None
-            state = CheckpointState(weights or {}, optim, sched, scaler, list(rngs or []), meta)
-            extra = (lambda folder: self.checkpoint_extra(folder, state_dict=weights)
-                     ) if self.checkpoint_extra else None
-            path = finish_checkpoint(self.output_dir, s.step, state, extra)
-            rotate_checkpoints(self.output_dir, self.cfg.save_total_limit)
-        barrier(ctx)  # nobody runs ahead of a checkpoint that is not on disk yet
-        return path
+        return save_trainer(self)
 
     def resume(self, spec: str) -> None:
-        path = latest_checkpoint(self.output_dir) if spec == "auto" else Path(spec)
-        path = broadcast_object(path, self.ctx)  # one decision for every rank
-        if path is None:
-            log.info("resume_from_checkpoint: auto found no checkpoint; starting fresh")
-            return
-        ckpt = read_checkpoint(path)
-        trainable = [n for n, p in self.model.named_parameters() if p.requires_grad]
-        check_weights(path, ckpt.weights, trainable)
-        self.strategy.load_trainable(ckpt.weights)
-        if ckpt.optimizer is not None:
-            self.strategy.load_optimizer(self.optimizer, ckpt.optimizer)
-            self.scheduler.load_state_dict(ckpt.scheduler)
-            if self.scaler is not None and ckpt.scaler is not None:
-                self.scaler.load_state_dict(ckpt.scaler)
-        self.strategy.load_engine_state(path)
-        same_world = len(ckpt.rng) == self.world
-        restore_rng(ckpt.rng[self.ctx.rank if same_world else 0])
-        fields = set(LoopState.__dataclass_fields__)
-        self.state = LoopState(**{k: v for k, v in ckpt.meta.items() if k in fields})
-        saved_world = ckpt.meta.get("world_size", 1)
-        if saved_world != self.world and self.ctx.is_main:
-            log.warning("%s was written by %d rank(s), resuming on %d: the data plan continues "
-                        "where it stopped, but each optimizer step now takes %d micro-batches",
-                        path, saved_world, self.world, self.accum * self.world)
-        log.info("resumed from %s at step %d", path, self.state.step)
-        if self.ctx.is_main:
-            print(f"resumed from {path} (step {self.state.step} of {self.total_steps})")
+        resume_trainer(self, spec)
 
     # ----- graceful stop ---------------------------------------------------------------
     def request_stop(self) -> None:
         """Finish the current optimizer step, write a checkpoint and return from run()."""
-        self.stop_requested = True
-
-    def _on_signal(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGINT and self.stop_requested:
-            raise KeyboardInterrupt  # a second Ctrl-C aborts at once
-        name = signal.Signals(signum).name
-        tqdm.write(f"{name} received: stopping after this optimizer step with a checkpoint "
-                   "(Ctrl-C again aborts without one)")
-        self.request_stop()
-
-    def _install_stop_handlers(self) -> dict[int, Any]:
-        """SIGTERM/SIGINT -> graceful stop while the loop runs (main thread only)."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        return {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGTERM,
-                                                                      signal.SIGINT)}
+        self.stop.request()
 
     def _stop_with_checkpoint(self) -> Path:
         path = self.save()
@@ -315,21 +239,10 @@ class Trainer:
                        f"{path}; continue with resume_from_checkpoint: auto")
         return path
 
-    def _stop_agreed(self) -> bool:
-        """Whether to stop now: a signal may reach the ranks at different steps, so every
-        rank stops as soon as any one of them was asked to."""
-        if not self.ctx.distributed:
-            return self.stop_requested
-        return all_reduce_sum([float(self.stop_requested)], self.ctx)[0] > 0
-
     # ----- the loop --------------------------------------------------------------------
     def run(self) -> LoopResult:
-        previous = self._install_stop_handlers()
-        try:
+        with self.stop.handling_signals():
             return self._run()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
 
     def _run(self) -> LoopResult:
         s, cfg = self.state, self.cfg
@@ -361,7 +274,7 @@ class Trainer:
                 window_losses = []
             if cfg.eval_steps and s.step % cfg.eval_steps == 0 and cfg.eval_strategy != "no":
                 eval_loss = self._log_eval()
-            if s.step < self.total_steps and self._stop_agreed():
+            if s.step < self.total_steps and self.stop.agreed(self.ctx):
                 bar.close()
                 return LoopResult(s, self.total_steps, eval_loss,
                                   self.throughput.summary(s.elapsed), stopped=True,

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tunesmith.errors import ConfigError
+from tunesmith.runs.folder import read_metrics
 
 log = logging.getLogger(__name__)
 
@@ -55,18 +56,6 @@ def _open_sink(report_to: str, run_dir: Path):
         run = wandb.init(dir=str(run_dir))
         return lambda record: run.log(record, step=record["step"])
     return None
-
-
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break  # a line being written right now
-    return out
 
 
 def plot_loss(metrics_path: Path, out_png: Path) -> Path | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tunesmith.train.metrics import read_metrics
+from tunesmith.runs.folder import read_metrics
 
 
 @dataclass

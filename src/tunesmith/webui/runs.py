@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tunesmith.errors import ConfigError
 from tunesmith.models.registry import BUILTIN_MODELS
-from tunesmith.train.checkpoint import list_checkpoints
+from tunesmith.runs.folder import list_checkpoints
 from tunesmith.webui.workspace import Workspace
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from tunesmith.dist.context import DistContext, barrier, broadcast_object
+from tunesmith.distributed.context import DistContext, barrier, broadcast_object
 from tunesmith.errors import TrainingError
 
 T = TypeVar("T")

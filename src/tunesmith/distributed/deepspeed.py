@@ -22,8 +22,8 @@ from typing import Any
 import torch
 
 from tunesmith.config.schema import TrainingConfig
-from tunesmith.dist.context import DistContext
-from tunesmith.dist.strategy import LossModule, Strategy
+from tunesmith.distributed.context import DistContext
+from tunesmith.distributed.strategy import LossModule, Strategy
 from tunesmith.errors import ConfigError, TrainingError
 
 log = logging.getLogger(__name__)

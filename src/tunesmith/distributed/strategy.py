@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from tunesmith.config.schema import TrainingConfig
-from tunesmith.dist.context import DistContext
+from tunesmith.distributed.context import DistContext
 from tunesmith.errors import ConfigError
 
 StrategyName = Literal["single", "ddp", "fsdp", "deepspeed"]
@@ -238,7 +238,7 @@ def build_strategy(cfg: TrainingConfig, ctx: DistContext) -> Strategy:
     """The strategy the config asks for (DeepSpeed is imported only when named)."""
     name = strategy_name(cfg, ctx)
     if name == "deepspeed":
-        from tunesmith.dist.deepspeed import DeepSpeedStrategy
+        from tunesmith.distributed.deepspeed import DeepSpeedStrategy
 
         return DeepSpeedStrategy(ctx, cfg)
     return Strategy(name, ctx, cfg)
