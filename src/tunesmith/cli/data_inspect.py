@@ -32,7 +32,8 @@ def cmd_data(args: list[str]) -> int:
 def inspect_target(ns: argparse.Namespace) -> str:
     from tunesmith.data.inspect import describe, highlight_sample
     from tunesmith.data.loading import DataContext, prepare_data
-    from tunesmith.data.template import ChatRenderer, load_template_source
+    from tunesmith.data.slot_renderer import make_renderer
+    from tunesmith.data.template import load_template_source
     from tunesmith.models.loader import load_tokenizer
     from tunesmith.models.provision import resolve_model_path
 
@@ -48,7 +49,8 @@ def inspect_target(ns: argparse.Namespace) -> str:
     model = cfg.model.model_name_or_path or "smollm2-135m-instruct"
     tokenizer = load_tokenizer(resolve_model_path(model, cfg.model.cache_dir or None))
     name, source = load_template_source(cfg.model.template, tokenizer)
-    ctx = DataContext(ChatRenderer(name, source, tokenizer), tokenizer, cfg.training.seed,
+    ctx = DataContext(make_renderer(name, source, tokenizer, cfg.template), tokenizer,
+                      cfg.training.seed,
                       cfg.finetuning.stage, cfg.training.overwrite_cache)
     data = prepare_data(cfg.data, ctx)
     figures = describe(data, cfg.data.cutoff_len)

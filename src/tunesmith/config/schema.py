@@ -11,6 +11,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from tunesmith.config.fields import opt
+from tunesmith.config.template_section import TemplateConfig
+
 FinetuningType = Literal["lora", "freeze", "full"]
 Stage = Literal["sft", "pt"]
 Scheduler = Literal["linear", "cosine", "constant", "constant_with_warmup"]
@@ -25,17 +28,6 @@ EvalLang = Literal["en", "zh"]
 MixStrategy = Literal["concat", "interleave_under", "interleave_over"]
 
 
-def opt(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
-        exclusive_min: bool = False, choices: tuple[str, ...] | None = None,
-        advanced: bool = False) -> Any:
-    """A config field with its documentation and bounds."""
-    meta = {"help": help, "minimum": minimum, "maximum": maximum,
-            "exclusive_min": exclusive_min, "choices": choices, "advanced": advanced}
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
 @dataclass
 class ModelConfig:
     model_name_or_path: str = opt(
@@ -44,8 +36,9 @@ class ModelConfig:
     adapter_name_or_path: list[str] = opt(
         [], "PEFT adapter folder(s) to load on top of the base model (comma-separated).")
     template: str = opt(
-        "", "Chat template: empty uses the tokenizer's own; or a built-in name "
-        "(chatml, qwen, llama3, mistral, gemma, phi, alpaca, default).")
+        "", "Chat template: empty uses the tokenizer's own; or a LLaMA-Factory template name "
+        "(qwen3, llama3, chatml, mistral, gemma, deepseek3, glm4, ...: all 124), encoded "
+        "token for token as LLaMA-Factory encodes it.")
     trust_remote_code: bool = opt(
         False, "Allow model code from the model folder or hub to run. Off unless you trust it.")
     cache_dir: str = opt("", "Where converted models and downloads are cached "
@@ -270,6 +263,7 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    template: TemplateConfig = field(default_factory=TemplateConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -279,7 +273,8 @@ class Config:
         return flat
 
 
-SECTIONS = ("model", "data", "finetuning", "training", "export", "eval")
+SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "template")
+
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

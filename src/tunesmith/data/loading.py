@@ -34,6 +34,7 @@ from tunesmith.data.packing import PackedSamples
 from tunesmith.data.pipeline import EncodeJob, convert_row, run_pipeline, worker_count
 from tunesmith.data.readers import Row, read_hub_rows, read_rows
 from tunesmith.data.registry import DatasetEntry, resolve_dataset
+from tunesmith.data.slot_renderer import SlotRenderer
 from tunesmith.data.store import IndexedSamples, SampleStore
 from tunesmith.data.template import ChatRenderer
 from tunesmith.errors import DataError
@@ -94,7 +95,7 @@ class PreparedData:
 class DataContext:
     """What, besides the data keys, decides the tokens."""
 
-    renderer: ChatRenderer | None
+    renderer: ChatRenderer | SlotRenderer | None
     tokenizer: Any
     seed: int = 42
     stage: str = "sft"
@@ -115,7 +116,8 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
                         "dataset")
     opts = encode_options(cfg, ctx.stage)
     renderer = ctx.renderer
-    source = "" if opts.plain_text or renderer is None else renderer.source
+    source = ("" if opts.plain_text or renderer is None
+              else getattr(renderer, "cache_key", renderer.source))
     settings = {"spec": entry.spec.__dict__, "opts": opts.__dict__, "split": entry.split,
                 "max_samples": cfg.max_samples, "vars": cfg.dataset_vars,
                 "hub": [entry.hub_id, entry.subset]}
@@ -131,7 +133,8 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
     if renderer is None and not opts.plain_text:
         raise DataError("a chat template is needed to encode conversations")
     job = EncodeJob(entry.spec, opts, getattr(renderer, "name", ""), source, ctx.tokenizer,
-                    dict(cfg.dataset_vars))
+                    dict(cfg.dataset_vars),
+                    renderer=renderer if hasattr(renderer, "cache_key") else None)
     start = time.perf_counter()
     result = run_pipeline(_entry_rows(entry, cfg), job, folder / "samples",
                           workers=worker_count(cfg.preprocessing_num_workers),

@@ -46,6 +46,7 @@ class EncodeJob:
     template_source: str
     tokenizer: Any
     dataset_vars: dict[str, Any] = field(default_factory=dict)
+    renderer: Any = None  # a ready renderer (slot templates); else built from the source
 
 
 @dataclass
@@ -76,9 +77,9 @@ def _init_worker(job: EncodeJob, in_pool: bool = False) -> None:
     if in_pool:
         single_thread_tokenizers()
     _WORKER_STATE["job"] = job
-    _WORKER_STATE["renderer"] = (None if job.opts.plain_text else
-                                 ChatRenderer(job.template_name, job.template_source,
-                                              job.tokenizer))
+    _WORKER_STATE["renderer"] = (None if job.opts.plain_text else job.renderer
+                                 or ChatRenderer(job.template_name, job.template_source,
+                                                 job.tokenizer))
 
 
 def _encode_chunk_in_worker(rows: list[Row]) -> ChunkResult:

@@ -270,18 +270,19 @@ class SampleOptions:
     eos_id: int | None = None
 
 
-def build_sample(pairs: list[Pair], o: SampleOptions) -> tuple[np.ndarray, np.ndarray, int]:
-    """Input ids and labels of one conversation, turn by turn; returns also the number of
-    tokens cut by cutoff_len (0 when everything fit)."""
+def build_sample(pairs: list[Pair], o: SampleOptions) -> tuple[np.ndarray, np.ndarray, bool]:
+    """Input ids and labels of one conversation, turn by turn; returns also whether
+    cutoff_len cut into an answer (not only into prompts)."""
     ids: list[int] = []
     labels: list[int] = []
     total = 1 if o.efficient_eos else 0
-    full = sum(len(s) + len(a) for s, a in pairs) + total
+    answer_cut = False
     order = pairs[::-1] if o.mask_history else pairs
     for k, (src, tgt) in enumerate(order):
         if total >= o.cutoff_len:
             break
         s_len, t_len = infer_seqlen(len(src), len(tgt), o.cutoff_len - total)
+        answer_cut |= t_len < len(tgt)
         src, tgt = src[:s_len], tgt[:t_len]
         total += s_len + t_len
         if o.train_on_prompt:
@@ -298,5 +299,4 @@ def build_sample(pairs: list[Pair], o: SampleOptions) -> tuple[np.ndarray, np.nd
     if o.efficient_eos:
         ids.append(o.eos_id)
         labels.append(o.eos_id)
-    return (np.asarray(ids, dtype=np.int32), np.asarray(labels, dtype=np.int32),
-            full - len(ids))
+    return np.asarray(ids, dtype=np.int32), np.asarray(labels, dtype=np.int32), answer_cut

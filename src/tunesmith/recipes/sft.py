@@ -20,7 +20,8 @@ from tunesmith.config.loader import dump_config
 from tunesmith.config.schema import Config
 from tunesmith.data.loader import LoaderOptions
 from tunesmith.data.loading import DataContext, apply_packing, prepare_data
-from tunesmith.data.template import ChatRenderer, load_template_source
+from tunesmith.data.slot_renderer import check_added_tokens, make_renderer
+from tunesmith.data.template import load_template_source
 from tunesmith.distributed.context import DistContext, barrier, broadcast_object, init_distributed
 from tunesmith.distributed.handoff import prepare_on_main
 from tunesmith.distributed.strategy import build_strategy, fsdp_settings
@@ -91,7 +92,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     model_path = resolve_model_path(m.model_name_or_path, m.cache_dir or None)
     tokenizer = load_tokenizer(model_path, trust_remote_code=m.trust_remote_code)
     template_name, template_source = load_template_source(m.template, tokenizer)
-    renderer = ChatRenderer(template_name, template_source, tokenizer)
+    renderer = make_renderer(template_name, template_source, tokenizer, cfg.template)
     data = prepare_on_main(
         lambda: prepare_data(cfg.data, DataContext(renderer, tokenizer, t.seed, f.stage,
                                                    t.overwrite_cache)),
@@ -101,6 +102,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
         dump_config(cfg, out / "config.resolved.yaml")
 
     model = build_model(cfg, model_path, device)  # same seed on every rank: same LoRA init
+    check_added_tokens(renderer, model.get_input_embeddings().num_embeddings)
     from tunesmith.train.objective import NextTokenObjective
 
     flop_model = build_flop_model(model, full=f.finetuning_type == "full")
