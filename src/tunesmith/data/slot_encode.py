@@ -102,6 +102,7 @@ class SlotEncoder:
         self._calls = get_tool_format(template.function_tool_format)
         self._token_ids: dict[str, int] = {}
         self._thought_ids: list[int] | None = None
+        self._fast: Any = False  # a FastBPE, None when unavailable, False before the first use
 
     # ---- messages -> elements ------------------------------------------------------------
     def _system_text(self, system: str, tools: str) -> str:
@@ -172,6 +173,14 @@ class SlotEncoder:
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
         if not texts:
             return []
+        if self._fast is False:
+            from tunesmith.data.fast_bpe import build_fast_bpe
+
+            self._fast = build_fast_bpe(self.tokenizer)
+        if self._fast is not None:
+            fast = self._fast.encode_batch(texts)
+            if fast is not None:
+                return fast
         if self.backend is not None:
             return [e.ids for e in self.backend.encode_batch(texts, add_special_tokens=False)]
         return [self.tokenizer.encode(x, add_special_tokens=False) for x in texts]

@@ -1,0 +1,134 @@
+"""A faster exact path for GPT-2-style byte-level BPE tokenizers, through tiktoken.
+
+A Hugging Face byte-level BPE tokenizer (ByteLevel pre-tokenizer with the GPT-2 split
+pattern, no normaliser, plain merges) is rebuilt as a tiktoken Encoding: the GPT-2 pattern,
+every single byte and every merge result ranked by merge order, the added tokens as
+special tokens. tiktoken's BPE merges the pair whose result ranks lowest, which equals
+merging in merge order when each token comes from one merge; instead of trusting that, the
+encoder checks itself against the Hugging Face tokenizer on the data it sees (every text of
+the first CHECK_FULL texts, then one text in CHECK_EVERY) and switches itself off for good
+at the first difference. Anything not matching these conditions keeps the Rust tokenizer.
+
+tiktoken is optional (extra `fast`); without it this path is simply not used.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+GPT2_PATTERN = (r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+"""
+                r"""|\s+(?!\S)|\s+""")
+CHECK_FULL, CHECK_EVERY = 2000, 100
+
+
+def _byte_of_char() -> dict[str, int]:
+    """GPT-2's printable stand-in character of every byte (the ByteLevel alphabet)."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+            *range(ord("®"), ord("ÿ") + 1)]
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in keep:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+def _is_plain_byte_level(spec: dict[str, Any]) -> bool:
+    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
+    return (model.get("type") == "BPE" and not model.get("byte_fallback")
+            and not model.get("dropout") and not model.get("continuing_subword_prefix")
+            and not model.get("end_of_word_suffix") and not model.get("ignore_merges")
+            and spec.get("normalizer") is None and pre.get("type") == "ByteLevel"
+            and pre.get("use_regex", True) and not pre.get("add_prefix_space"))
+
+
+def _specials(spec: dict[str, Any]) -> dict[str, int] | None:
+    out = {}
+    for tok in spec.get("added_tokens") or []:
+        if tok.get("lstrip") or tok.get("rstrip") or tok.get("single_word") or \
+                tok.get("normalized") and not tok.get("special"):
+            return None  # matching rules tiktoken does not have
+        out[tok["content"]] = tok["id"]
+    return out
+
+
+class FastBPE:
+    """tiktoken encoding of one byte-level BPE tokenizer, self-checking."""
+
+    def __init__(self, encoding: Any, id_of_rank: np.ndarray, backend: Any):
+        self.encoding, self.id_of_rank, self.backend = encoding, id_of_rank, backend
+        self.seen = 0
+        self.enabled = True
+        self.has_unknown_bytes = bool((id_of_rank[:256] < 0).any())
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]] | None:
+        """Ids of every text, or None when this path has switched itself off."""
+        if not self.enabled:
+            return None
+        ranks = self.encoding.encode_batch(texts, allowed_special="all", num_threads=1)
+        out = []
+        for r in ranks:
+            ids = self.id_of_rank[np.asarray(r, dtype=np.int64)]
+            out.append((ids[ids >= 0] if self.has_unknown_bytes else ids).tolist())
+        check = [i for i in range(len(texts))
+                 if self.seen + i < CHECK_FULL or (self.seen + i) % CHECK_EVERY == 0]
+        self.seen += len(texts)
+        if check:
+            ref = self.backend.encode_batch([texts[i] for i in check], add_special_tokens=False)
+            for i, r in zip(check, ref, strict=True):
+                if out[i] != r.ids:
+                    log.info("fast BPE differs from the tokenizer on a text; using the "
+                             "tokenizer from now on")
+                    self.enabled = False
+                    return None
+        return out
+
+
+def build_fast_bpe(tokenizer: Any) -> FastBPE | None:
+    """A FastBPE for this tokenizer, or None (not byte-level BPE, or tiktoken missing)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    try:
+        import tiktoken
+    except ImportError:
+        return None
+    spec = json.loads(backend.to_str())
+    specials = _specials(spec)
+    if not _is_plain_byte_level(spec) or specials is None:
+        return None
+    byte_of = _byte_of_char()
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    ranks: dict[bytes, int] = {}
+    id_of: list[int] = []
+
+    def as_bytes(token: str) -> bytes:
+        return bytes(byte_of[c] for c in token)
+
+    try:
+        for b in range(256):
+            token = next(c for c, v in byte_of.items() if v == b)
+            ranks[bytes([b])] = len(id_of)
+            id_of.append(vocab.get(token, -1))  # a byte the vocabulary never saw: dropped
+        for merge in spec["model"]["merges"]:
+            a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
+            merged = as_bytes(a + b)
+            if merged not in ranks:
+                ranks[merged] = len(id_of)
+                id_of.append(vocab[a + b])
+    except KeyError:  # a byte or merge result missing from the vocabulary
+        return None
+    special_ranks = {}
+    for content, tid in specials.items():
+        special_ranks[content] = len(id_of)
+        id_of.append(tid)
+    enc = tiktoken.Encoding("tunesmith-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
+                            special_tokens=special_ranks)
+    return FastBPE(enc, np.asarray(id_of, dtype=np.int64), backend)
