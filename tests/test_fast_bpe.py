@@ -23,10 +23,13 @@ def load(name: str):
 
 
 @pytest.mark.parametrize("which", ["fixture", "tiny"])
-def test_fast_path_equals_the_tokenizer(which, tiny_tokenizer):
+@pytest.mark.parametrize("identity", [True, False])
+def test_fast_path_equals_the_tokenizer(which, identity, tiny_tokenizer):
     tok = load("bpe") if which == "fixture" else tiny_tokenizer
     fast = build_fast_bpe(tok)
-    assert fast is not None
+    assert fast is not None and fast.identity  # both vocabularies are in merge order
+    if not identity:  # the general path: ranks mapped to ids through a table
+        fast.identity, fast.id_of_rank = False, _identity_table(fast)
     got = fast.encode_batch(TEXTS * 3)
     assert fast.enabled and got == [tok.encode(t, add_special_tokens=False) for t in TEXTS * 3]
 
@@ -35,9 +38,17 @@ def test_not_byte_level_keeps_the_tokenizer():
     assert build_fast_bpe(load("sp")) is None
 
 
+def _identity_table(fast):
+    """With ids as ranks, the rank -> id table is the identity over the ids in use."""
+    import numpy as np
+
+    return np.arange(int(fast.id_of_rank.max()) + 1, dtype=np.int64)
+
+
 def test_a_difference_switches_the_fast_path_off(tiny_tokenizer):
     fast = build_fast_bpe(tiny_tokenizer)
-    a, b = fast.id_of_rank[300], fast.id_of_rank[301]  # two merge results swapped
+    fast.identity, fast.id_of_rank = False, _identity_table(fast)
+    a, b = 300, 301  # two merge results swapped
     fast.id_of_rank[300], fast.id_of_rank[301] = b, a
     texts = [tiny_tokenizer.decode([int(a)]) * 3, tiny_tokenizer.decode([int(b)]) * 3] + TEXTS
     assert fast.encode_batch(texts) is None and not fast.enabled

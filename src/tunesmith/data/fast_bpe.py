@@ -62,21 +62,26 @@ def _specials(spec: dict[str, Any]) -> dict[str, int] | None:
 class FastBPE:
     """tiktoken encoding of one byte-level BPE tokenizer, self-checking."""
 
-    def __init__(self, encoding: Any, id_of_rank: np.ndarray, backend: Any):
+    def __init__(self, encoding: Any, id_of_rank: np.ndarray, backend: Any, identity: bool):
         self.encoding, self.id_of_rank, self.backend = encoding, id_of_rank, backend
+        self.identity = identity  # ranks are the ids (no mapping)
         self.seen = 0
         self.enabled = True
         self.has_unknown_bytes = bool((id_of_rank[:256] < 0).any())
+        self.known = int(id_of_rank.max()) + 1  # ids at or past this stand for unknown bytes
 
     def encode_batch(self, texts: list[str]) -> list[list[int]] | None:
         """Ids of every text, or None when this path has switched itself off."""
         if not self.enabled:
             return None
-        ranks = self.encoding.encode_batch(texts, allowed_special="all", num_threads=1)
-        out = []
-        for r in ranks:
-            ids = self.id_of_rank[np.asarray(r, dtype=np.int64)]
-            out.append((ids[ids >= 0] if self.has_unknown_bytes else ids).tolist())
+        encode = self.encoding.encode  # per text: encode_batch adds a thread pool's overhead
+        ranks = [encode(t, allowed_special="all") for t in texts]
+        if self.identity:
+            out = ranks
+        else:
+            out = [self.id_of_rank[np.asarray(r, dtype=np.int64)].tolist() for r in ranks]
+        if self.has_unknown_bytes:  # the tokenizer drops bytes its vocabulary lacks
+            out = [[i for i in ids if 0 <= i < self.known] for ids in out]
         check = [i for i in range(len(texts))
                  if self.seen + i < CHECK_FULL or (self.seen + i) % CHECK_EVERY == 0]
         self.seen += len(texts)
@@ -129,6 +134,14 @@ def build_fast_bpe(tokenizer: Any) -> FastBPE | None:
     for content, tid in specials.items():
         special_ranks[content] = len(id_of)
         id_of.append(tid)
+    id_of_rank = np.asarray(id_of, dtype=np.int64)
+    merged = id_of_rank[256:len(id_of) - len(special_ranks)]
+    identity = bool(np.all(np.diff(merged) > 0))
+    if identity:  # ids grow with merge order: the ids themselves serve as ranks
+        unknown = int(max(max(vocab.values()), *specials.values(), 0)) + 1
+        ranks = {b: int(id_of_rank[r]) if id_of_rank[r] >= 0 else unknown + r
+                 for b, r in ranks.items()}
+        special_ranks = dict(specials)
     enc = tiktoken.Encoding("tunesmith-bpe", pat_str=GPT2_PATTERN, mergeable_ranks=ranks,
                             special_tokens=special_ranks)
-    return FastBPE(enc, np.asarray(id_of, dtype=np.int64), backend)
+    return FastBPE(enc, id_of_rank, backend, identity)
