@@ -114,6 +114,10 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
         raise DataError(f"dataset {entry.name!r} holds preference pairs (ranking: true); stage "
                         f"{ctx.stage} needs plain examples: use a preference stage or another "
                         "dataset")
+    if "kto_tag" in entry.spec.columns and ctx.stage in ("sft", "pt"):
+        raise DataError(f"dataset {entry.name!r} holds KTO examples (columns.kto_tag: desirable "
+                        f"or not); stage kto trains on them, stage {ctx.stage} needs plain "
+                        "examples: set stage: kto or use another dataset")
     opts = encode_options(cfg, ctx.stage)
     renderer = ctx.renderer
     source = ("" if opts.plain_text or renderer is None
