@@ -110,3 +110,27 @@ def test_template_needing_missing_tokens_is_refused(tmp_path, tiny_llama_dir, ca
            f"output_dir={tmp_path / 'run'}", "save_steps=0"]
     assert main(cfg) != 0
     assert "'llama3' needs the token(s) <|eot_id|>" in capsys.readouterr().err
+
+
+def test_efficient_eos_labels_survive_the_store(tmp_path, tiny_tokenizer):
+    """glm4 ends an answer by predicting EOS where the next prompt starts: that label is
+    not the token itself, and the on-disk store must keep it."""
+    from tunesmith.data.slot_encode import SampleOptions, build_sample, to_turns
+    from tunesmith.data.store import SampleStore
+
+    row = {"conversations": [{"from": "human", "value": "Q1"}, {"from": "gpt", "value": "A1"},
+                             {"from": "human", "value": "Q2"}, {"from": "gpt", "value": "A2"}]}
+    write_info(tmp_path, [row])
+    renderer, data = prepare(tiny_tokenizer, tmp_path, "glm4")
+    sample = data.train[0]
+    eos = tiny_tokenizer.eos_token_id
+    odd = (sample.labels != -100) & (sample.labels != sample.input_ids)
+    assert odd.sum() == 1 and sample.labels[odd][0] == eos
+    from tunesmith.data.formats import FormatSpec, convert_sharegpt
+
+    conv = convert_sharegpt(row, FormatSpec("sharegpt", {"messages": "conversations"}))
+    pairs = renderer.encoder.encode_pairs([to_turns(conv)])[0]
+    _, labels, _ = build_sample(pairs, SampleOptions(4096, efficient_eos=True, eos_id=eos))
+    assert sample.labels.tolist() == labels.tolist()
+    SampleStore.from_samples([sample]).save(tmp_path / "copy")
+    assert SampleStore.open(tmp_path / "copy")[0].labels.tolist() == labels.tolist()

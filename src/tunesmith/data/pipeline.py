@@ -24,11 +24,11 @@ from tqdm.auto import tqdm
 
 from tunesmith.config.environment import single_thread_tokenizers
 from tunesmith.data.conversation import Conversation, Message, check_conversation
-from tunesmith.data.encode import IGNORE_INDEX, EncodeOptions, EncodeStats, encode_conversations
+from tunesmith.data.encode import EncodeOptions, EncodeStats, encode_conversations
 from tunesmith.data.formats import CONVERTERS, FormatSpec, RowError, convert_text
 from tunesmith.data.readers import Row
 from tunesmith.data.registry import detect_format
-from tunesmith.data.store import SampleStore, StoreWriter
+from tunesmith.data.store import SampleStore, StoreWriter, other_label, trained_codes
 from tunesmith.data.template import ChatRenderer
 from tunesmith.errors import DataError
 
@@ -58,6 +58,7 @@ class ChunkResult:
     bad_rows: list[tuple[str, str]]
     stats: EncodeStats
     rows: int
+    label_eos: int | None = None  # efficient-EOS templates: the label of trained code 2
 
 
 @dataclass
@@ -98,12 +99,14 @@ def encode_chunk(rows: list[Row], job: EncodeJob, renderer: ChatRenderer | None)
     bad += stats.bad
     stats.bad = []
     lengths = np.array([len(s) for s in samples], dtype=np.int64)
+    label_eos = None
     if samples:
         ids = np.concatenate([s.input_ids for s in samples])
-        trained = np.concatenate([s.labels != IGNORE_INDEX for s in samples]).astype(np.uint8)
+        labels = np.concatenate([s.labels for s in samples])
+        trained, label_eos = trained_codes(ids, labels), other_label(ids, labels)
     else:
         ids, trained = np.zeros(0, np.int32), np.zeros(0, np.uint8)
-    return ChunkResult(ids, trained, lengths, sources, bad, stats, len(rows))
+    return ChunkResult(ids, trained, lengths, sources, bad, stats, len(rows), label_eos)
 
 
 def convert_row(row: Any, where: str, job: EncodeJob, bad: list[tuple[str, str]]
@@ -182,6 +185,7 @@ def run_pipeline(rows: Iterable[Row], job: EncodeJob, out: Path, *, workers: int
             results = map(_encode_chunk_in_worker, _chunks(rows, CHUNK_ROWS))
         for chunk in results:
             writer.append_arrays(chunk.ids, chunk.trained, chunk.lengths, chunk.sources)
+            writer.label_eos = writer.label_eos if chunk.label_eos is None else chunk.label_eos
             result.rows += chunk.rows
             result.bad_rows += chunk.bad_rows
             result.stats.merge(chunk.stats)
