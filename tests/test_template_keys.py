@@ -95,7 +95,8 @@ def test_template_keys_through_the_cli(tmp_path, tiny_llama_dir, capsys):
     cfg = {"model_name_or_path": str(tiny_llama_dir), "dataset": "d",
            "dataset_dir": str(tmp_path), "template": "qwen3", "enable_thinking": False,
            "default_system": "Be brief.", "tool_format": "qwen", "max_steps": 1,
-           "output_dir": str(tmp_path / "run"), "save_steps": 0, "cutoff_len": 512}
+           "output_dir": str(tmp_path / "run"), "save_steps": 0, "cutoff_len": 512,
+           "preprocessing_batch_size": 3, "buffer_size": 128, "media_dir": str(tmp_path)}
     (tmp_path / "run.yaml").write_text("\n".join(f"{k}: {json.dumps(v)}"
                                                  for k, v in cfg.items()))
     assert main(["train", str(tmp_path / "run.yaml")]) in (0, None)
@@ -134,3 +135,19 @@ def test_efficient_eos_labels_survive_the_store(tmp_path, tiny_tokenizer):
     assert sample.labels.tolist() == labels.tolist()
     SampleStore.from_samples([sample]).save(tmp_path / "copy")
     assert SampleStore.open(tmp_path / "copy")[0].labels.tolist() == labels.tolist()
+
+
+def test_preprocessing_batch_size_sets_the_chunk_rows(tmp_path, tiny_tokenizer, monkeypatch):
+    from tunesmith.config.schema import DataConfig
+    from tunesmith.data import pipeline
+
+    calls = []
+    real = pipeline._encode_chunk_in_worker
+    monkeypatch.setattr(pipeline, "_encode_chunk_in_worker",
+                        lambda rows: calls.append(len(rows)) or real(rows))
+    write_info(tmp_path, [{"instruction": f"Q{i}", "output": "A"} for i in range(10)], "alpaca")
+    name, source = load_template_source("qwen", tiny_tokenizer)
+    ctx = DataContext(make_renderer(name, source, tiny_tokenizer), tiny_tokenizer, 42, "sft")
+    cfg = DataConfig(dataset=["d"], dataset_dir=str(tmp_path), preprocessing_num_workers=1,
+                     preprocessing_batch_size=4)
+    assert len(prepare_data(cfg, ctx).train) == 10 and calls == [4, 4, 2]

@@ -108,6 +108,17 @@ class DataConfig:
                                           minimum=1, advanced=True)
     dataloader_persistent_workers: bool = opt(
         True, "Keep DataLoader workers alive between epochs.", advanced=True)
+    # --- LLaMA-Factory data keys (issue 16) ---
+    preprocessing_batch_size: int = opt(
+        1000, "Rows per chunk handed to a tokenisation worker (memory holds a few chunks).",
+        minimum=1, advanced=True)
+    buffer_size: int = opt(
+        16384, "LLaMA-Factory's streaming shuffle buffer. tunesmith shuffles the whole "
+        "tokenised store every epoch, so any value is accepted and no buffer is needed.",
+        minimum=1, advanced=True)
+    media_dir: str = opt(
+        "", "Folder that relative image/video/audio paths of the datasets are read from "
+        "(empty: dataset_dir).", advanced=True)
 
 
 @dataclass

@@ -142,7 +142,8 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
     start = time.perf_counter()
     result = run_pipeline(_entry_rows(entry, cfg), job, folder / "samples",
                           workers=worker_count(cfg.preprocessing_num_workers),
-                          total_rows=_count_hint(entry, cfg), desc=f"tokenise {entry.name}")
+                          total_rows=_count_hint(entry, cfg), desc=f"tokenise {entry.name}",
+                          chunk_rows=cfg.preprocessing_batch_size)
     report.preprocess_s += time.perf_counter() - start
     report.cache_misses += 1
     (folder / REPORT_FILE).write_text(json.dumps(

@@ -167,7 +167,8 @@ def worker_count(requested: int) -> int:
 
 
 def run_pipeline(rows: Iterable[Row], job: EncodeJob, out: Path, *, workers: int,
-                 total_rows: int | None = None, desc: str = "tokenise") -> PipelineResult:
+                 total_rows: int | None = None, desc: str = "tokenise",
+                 chunk_rows: int = CHUNK_ROWS) -> PipelineResult:
     """Encode every row into a store at `out` (written atomically)."""
     writer = StoreWriter(out)
     result = PipelineResult(SampleStore.from_samples([]), 0, [], EncodeStats())
@@ -179,10 +180,10 @@ def run_pipeline(rows: Iterable[Row], job: EncodeJob, out: Path, *, workers: int
         if parallel:
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             pool = ctx.Pool(workers, initializer=_init_worker, initargs=(job, True))
-            results = pool.imap(_encode_chunk_in_worker, _chunks(rows, CHUNK_ROWS))
+            results = pool.imap(_encode_chunk_in_worker, _chunks(rows, chunk_rows))
         else:
             _init_worker(job)
-            results = map(_encode_chunk_in_worker, _chunks(rows, CHUNK_ROWS))
+            results = map(_encode_chunk_in_worker, _chunks(rows, chunk_rows))
         for chunk in results:
             writer.append_arrays(chunk.ids, chunk.trained, chunk.lengths, chunk.sources)
             writer.label_eos = writer.label_eos if chunk.label_eos is None else chunk.label_eos
