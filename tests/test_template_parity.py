@@ -81,3 +81,25 @@ def test_ids_and_labels_equal_llamafactory(name):
         assert "error" not in got, f"{where}: {got.get('error')}"
         assert got["input_ids"] == case["input_ids"], where
         assert got["mask"] == case["mask"], where
+
+
+@pytest.mark.parametrize("key", sorted(json.loads(
+    (FIXTURES / "datasets.json").read_text(encoding="utf-8"))))
+def test_llamafactory_demo_data_end_to_end(key):
+    """LLaMA-Factory's demo files through dataset_info.json, the format converters and the
+    template: tunesmith's samples equal LLaMA-Factory's, tool calls and results included."""
+    from tunesmith.config.schema import DataConfig
+    from tunesmith.data.loading import DataContext, prepare_data
+    from tunesmith.data.slot_renderer import make_renderer
+    from tunesmith.data.template import load_template_source
+
+    want = json.loads((FIXTURES / "datasets.json").read_text(encoding="utf-8"))[key]
+    dataset, name = key.split("/")
+    tok = tokenizer("bpe")
+    renderer = make_renderer(*load_template_source(name, tok), tok)
+    cfg = DataConfig(dataset=[dataset], dataset_dir=str(FIXTURES.parent / "llamafactory_data"),
+                     cutoff_len=4096, preprocessing_num_workers=1)
+    data = prepare_data(cfg, DataContext(renderer, tok, 42, "sft"))
+    got = [{"input_ids": s.input_ids.tolist(), "mask": label_mask(s.input_ids, s.labels)}
+           for s in data.train]
+    assert got == want

@@ -164,11 +164,48 @@ def template_fixture(name: str, tok_dirs: dict[str, Path], reasoning: bool) -> d
     return {"template": name, "date": datetime.now().strftime("%d %b %Y"), "cases": cases}
 
 
+DATASETS = [("glaive_toolcall_en_demo", "qwen"), ("glaive_toolcall_zh_demo", "glm4"),
+            ("alpaca_en_demo", "llama3"), ("identity", "qwen3")]
+
+
+def dataset_fixtures() -> None:
+    """LLaMA-Factory's whole data path (dataset_info.json, converters, template, processor)
+    on its own demo files (tests/fixtures/llamafactory_data/), with the BPE tokenizer."""
+    from llamafactory.data import get_dataset, get_template_and_fix_tokenizer
+    from llamafactory.hparams import DataArguments, ModelArguments
+    from transformers import PreTrainedTokenizerFast, Seq2SeqTrainingArguments
+
+    tok_dir = OUT / "tokenizers" / "bpe"
+    out = {}
+    for dataset, name in DATASETS:
+        tok = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
+        data_args = DataArguments(template=name, dataset=dataset, cutoff_len=4096,
+                                  dataset_dir=str(ROOT / "tests/fixtures/llamafactory_data"),
+                                  overwrite_cache=True)
+        template = get_template_and_fix_tokenizer(tok, data_args)
+        module = get_dataset(template, ModelArguments(model_name_or_path=str(tok_dir)), data_args,
+                             Seq2SeqTrainingArguments(output_dir="/tmp/lf-fixtures",
+                                                      report_to="none"),
+                             "sft", tokenizer=tok, processor=None)
+        train = module["train_dataset"]
+        out[f"{dataset}/{name}"] = [{"input_ids": ids, "mask": label_mask(ids, labels)}
+                                    for ids, labels in zip(train["input_ids"], train["labels"],
+                                                           strict=True)]
+    (OUT / "datasets.json").write_text(json.dumps(out, ensure_ascii=False,
+                                                  separators=(",", ":")) + "\n",
+                                       encoding="utf-8")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--extra-src", help="a newer LLaMA-Factory src/ tree for extra names")
     p.add_argument("--names", nargs="*", help="only these templates (used by --extra-src)")
+    p.add_argument("--datasets", action="store_true",
+                   help="only the whole-pipeline fixtures on LLaMA-Factory's demo data")
     ns = p.parse_args()
+    if ns.datasets:
+        dataset_fixtures()
+        return
     table = json.loads(TABLE.read_text(encoding="utf-8"))
     if not ns.names:
         specials = special_tokens(table)
