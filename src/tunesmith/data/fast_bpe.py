@@ -96,6 +96,28 @@ class FastBPE:
         return out
 
 
+def _merge_ranks(spec: dict[str, Any]) -> tuple[dict[bytes, int], list[int]] | None:
+    """Ranks of every byte and merge result (in merge order) and the id of each rank."""
+    byte_of = _byte_of_char()
+    char_of = {b: c for c, b in byte_of.items()}
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    ranks: dict[bytes, int] = {}
+    id_of: list[int] = []
+    for b in range(256):
+        ranks[bytes([b])] = len(id_of)
+        id_of.append(vocab.get(char_of[b], -1))  # a byte the vocabulary never saw: dropped
+    try:
+        for merge in spec["model"]["merges"]:
+            a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
+            merged = bytes(byte_of[c] for c in a + b)
+            if merged not in ranks:
+                ranks[merged] = len(id_of)
+                id_of.append(vocab[a + b])
+    except KeyError:  # a merge result missing from the vocabulary
+        return None
+    return ranks, id_of
+
+
 def build_fast_bpe(tokenizer: Any) -> FastBPE | None:
     """A FastBPE for this tokenizer, or None (not byte-level BPE, or tiktoken missing)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -109,27 +131,11 @@ def build_fast_bpe(tokenizer: Any) -> FastBPE | None:
     specials = _specials(spec)
     if not _is_plain_byte_level(spec) or specials is None:
         return None
-    byte_of = _byte_of_char()
-    vocab: dict[str, int] = spec["model"]["vocab"]
-    ranks: dict[bytes, int] = {}
-    id_of: list[int] = []
-
-    def as_bytes(token: str) -> bytes:
-        return bytes(byte_of[c] for c in token)
-
-    try:
-        for b in range(256):
-            token = next(c for c, v in byte_of.items() if v == b)
-            ranks[bytes([b])] = len(id_of)
-            id_of.append(vocab.get(token, -1))  # a byte the vocabulary never saw: dropped
-        for merge in spec["model"]["merges"]:
-            a, b = merge.split(" ", 1) if isinstance(merge, str) else merge
-            merged = as_bytes(a + b)
-            if merged not in ranks:
-                ranks[merged] = len(id_of)
-                id_of.append(vocab[a + b])
-    except KeyError:  # a byte or merge result missing from the vocabulary
+    found = _merge_ranks(spec)
+    if found is None:
         return None
+    ranks, id_of = found
+    vocab: dict[str, int] = spec["model"]["vocab"]
     special_ranks = {}
     for content, tid in specials.items():
         special_ranks[content] = len(id_of)

@@ -107,17 +107,22 @@ def encode_options(cfg: DataConfig, stage: str) -> EncodeOptions:
                          plain_text=stage == "pt")
 
 
+def check_stage(entry: DatasetEntry, stage: str) -> None:
+    """Preference pairs and KTO examples belong to their own stages."""
+    if entry.ranking and stage in ("sft", "pt"):
+        raise DataError(f"dataset {entry.name!r} holds preference pairs (ranking: true); stage "
+                        f"{stage} needs plain examples: use a preference stage or another "
+                        "dataset")
+    if "kto_tag" in entry.spec.columns and stage in ("sft", "pt"):
+        raise DataError(f"dataset {entry.name!r} holds KTO examples (columns.kto_tag: desirable "
+                        f"or not); stage kto trains on them, stage {stage} needs plain "
+                        "examples: set stage: kto or use another dataset")
+
+
 def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
                        report: DataReport) -> SampleStore:
     """Tokenised samples of one dataset, from the cache or freshly encoded into it."""
-    if entry.ranking and ctx.stage in ("sft", "pt"):
-        raise DataError(f"dataset {entry.name!r} holds preference pairs (ranking: true); stage "
-                        f"{ctx.stage} needs plain examples: use a preference stage or another "
-                        "dataset")
-    if "kto_tag" in entry.spec.columns and ctx.stage in ("sft", "pt"):
-        raise DataError(f"dataset {entry.name!r} holds KTO examples (columns.kto_tag: desirable "
-                        f"or not); stage kto trains on them, stage {ctx.stage} needs plain "
-                        "examples: set stage: kto or use another dataset")
+    check_stage(entry, ctx.stage)
     opts = encode_options(cfg, ctx.stage)
     renderer = ctx.renderer
     source = ("" if opts.plain_text or renderer is None
