@@ -13,6 +13,7 @@ functions; without them every row is one causal sequence.
 from __future__ import annotations
 
 import inspect
+from collections import Counter
 from functools import lru_cache
 from typing import Any
 
@@ -20,6 +21,11 @@ import torch
 import torch.nn.functional as F
 
 VARLEN_ATTENTION = "tunesmith_varlen"
+
+# Calls of the registered function by path ("flash" | "reference"). transformers' registry
+# holds one function per name for the whole process, so its counts live beside it; the run
+# summary reports them as proof that the kernel ran (never a silent fallback).
+VARLEN_CALLS: Counter[str] = Counter()
 
 
 def register_varlen_attention() -> str:
@@ -30,9 +36,11 @@ def register_varlen_attention() -> str:
     """
     from transformers import AttentionInterface
 
-    # Kept out of torch.compile graphs: segment counts and lengths change every batch, and
-    # tracing them would recompile the decoder layers again and again.
-    AttentionInterface.register(VARLEN_ATTENTION, torch.compiler.disable(varlen_attention_forward))
+    # Traceable by torch.compile: the flash path is torch's custom op (cu_seqlens a tensor,
+    # the longest segment a symbolic int after one recompile), and the reference twin has a
+    # mask form for tracing. A graph break here would make dynamo run a whole checkpointed
+    # decoder layer eagerly (checkpoint bodies cannot be split).
+    AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
     return VARLEN_ATTENTION
 
 
@@ -56,10 +64,35 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     v = value.transpose(1, 2).reshape(b * t, value.shape[1], d)
     if query.is_cuda and _varlen_kernel() is not None and query.dtype in (torch.bfloat16,
                                                                           torch.float16):
-        out = _flash_varlen(q, k, v, cu, int(max_len), scaling)
+        out = _flash_varlen(q, k, v, cu, max_len, scaling)
+        _count_call("flash")
+    elif torch.compiler.is_compiling():
+        out = varlen_attention_masked(q, k, v, cu, scaling)
     else:
         out = varlen_attention_reference(q, k, v, cu, scaling)
+        _count_call("reference")
     return out.reshape(b, t, h, d), None
+
+
+def _count_call(path: str) -> None:
+    if not torch.compiler.is_compiling():  # eager calls only: a traced side effect would
+        VARLEN_CALLS[path] += 1            # break the graph inside checkpointed layers
+
+
+def varlen_attention_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            cu_seqlens: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """The reference twin in traceable form (no data-dependent loop): one SDPA over all N
+    tokens with a block-diagonal causal mask. Memory grows as N^2; CPU/compile only.
+    q: [N, H, D]; k, v: [N, Hkv, D] -> [N, H, D]."""
+    n = q.shape[0]
+    groups = q.shape[1] // k.shape[1]
+    pos = torch.arange(n, device=q.device)
+    segment = torch.searchsorted(cu_seqlens.to(pos.dtype), pos, right=True)  # [N]
+    allowed = (segment[:, None] == segment[None, :]) & (pos[:, None] >= pos[None, :])
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1).repeat_interleave(groups, dim=0),
+        v.transpose(0, 1).repeat_interleave(groups, dim=0), attn_mask=allowed, scale=scaling)
+    return out.transpose(0, 1)
 
 
 def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -77,6 +110,11 @@ def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scaling)
         out[lo:hi] = o.transpose(0, 1)
     return out
+
+
+def varlen_kernel_available() -> bool:
+    """True when this torch ships the varlen FlashAttention kernel (its GPU path)."""
+    return _varlen_kernel() is not None
 
 
 @lru_cache(maxsize=1)
