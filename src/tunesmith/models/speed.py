@@ -167,10 +167,19 @@ class CompileGuard:
         from tunesmith.models.acceleration import uncompile_decoder_layers
 
         uncompile_decoder_layers(self.model)
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        self.plan.stats.compile_fallback = f"{type(exc).__name__}: {first}"[:500]
+        self.plan.stats.compile_fallback = _describe(exc)
         self.plan.stats.compiled_layers = 0
         log.warning("torch_compile: compiling the decoder layers failed (%s); continuing "
                     "eagerly. Set torch_compile: false to skip the attempt.",
                     self.plan.stats.compile_fallback)
         return True
+
+
+def _describe(exc: BaseException) -> str:
+    """One line naming the error and its root cause (dynamo wraps the backend's error)."""
+    first = (str(exc).strip().splitlines() or [""])[0]
+    text = f"{type(exc).__name__}: {first}"
+    cause = getattr(exc, "inner_exception", None) or exc.__cause__
+    if cause is not None:
+        text += f" <- {type(cause).__name__}: {str(cause).strip()[:200]}"
+    return text[:500]
