@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import inspect
 from collections import Counter
-from functools import lru_cache
 from typing import Any
 
 import torch
@@ -40,6 +39,7 @@ def register_varlen_attention() -> str:
     # the longest segment a symbolic int after one recompile), and the reference twin has a
     # mask form for tracing. A graph break here would make dynamo run a whole checkpointed
     # decoder layer eagerly (checkpoint bodies cannot be split).
+    _flash_setup()
     AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
     return VARLEN_ATTENTION
 
@@ -62,7 +62,9 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     q = query.transpose(1, 2).reshape(b * t, h, d)  # [B*T, H, D]
     k = key.transpose(1, 2).reshape(b * t, key.shape[1], d)
     v = value.transpose(1, 2).reshape(b * t, value.shape[1], d)
-    if query.is_cuda and _varlen_kernel() is not None and query.dtype in (torch.bfloat16,
+    if not torch.compiler.is_compiling():
+        _flash_setup()  # direct calls (tests) that skipped registration
+    if query.is_cuda and _FLASH["kernel"] is not None and query.dtype in (torch.bfloat16,
                                                                           torch.float16):
         out = _flash_varlen(q, k, v, cu, max_len, scaling)
         _count_call("flash")
@@ -114,27 +116,29 @@ def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 def varlen_kernel_available() -> bool:
     """True when this torch ships the varlen FlashAttention kernel (its GPU path)."""
-    return _varlen_kernel() is not None
+    return _flash_setup()["kernel"] is not None
 
 
-@lru_cache(maxsize=1)
-def _varlen_kernel() -> Any:
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
+# torch's varlen kernel and the keyword names it takes (they moved between releases), looked
+# up once, eagerly: inspect.signature inside a traced layer would break the graph.
+_FLASH: dict[str, Any] = {}
 
 
-@lru_cache(maxsize=1)
-def _varlen_params() -> frozenset[str]:
-    return frozenset(inspect.signature(_varlen_kernel()).parameters)
+def _flash_setup() -> dict[str, Any]:
+    if not _FLASH:
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:
+            varlen_attn = None
+        params = frozenset(inspect.signature(varlen_attn).parameters) if varlen_attn else ()
+        _FLASH.update(kernel=varlen_attn, params=frozenset(params))
+    return _FLASH
 
 
 def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
                   max_len: int, scaling: float | None) -> torch.Tensor:
     """torch's varlen FlashAttention; its keyword names moved between torch releases."""
-    params = _varlen_params()
+    params = _FLASH["params"]
     kw: dict[str, Any] = {"scale": scaling}
     if "window_size" in params:
         kw["window_size"] = (-1, 0)  # causal
@@ -147,4 +151,4 @@ def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.T
             groups = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     cu = cu.to(torch.int32)
-    return _varlen_kernel()(q, k, v, cu, cu, max_len, max_len, **kw)
+    return _FLASH["kernel"](q, k, v, cu, cu, max_len, max_len, **kw)
