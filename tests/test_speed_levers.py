@@ -89,6 +89,7 @@ def test_lever_takes_effect(tmp_path, tiny_llama_dir, alpaca_file, attention, pa
     perf = summary["performance"]
     assert perf["steady_steps"] + perf["warmup_steps"] == STEPS
     assert sp["time_to_first_step_s"] > 0
+    assert (sp.get("compile_s") is not None) == compiled
 
 
 def test_varlen_and_packing_from_the_issue_command(tmp_path, tiny_llama_dir, alpaca_file):

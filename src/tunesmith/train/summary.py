@@ -77,6 +77,10 @@ def write_summary(out: Path, cfg: Config, result: Any, report: Any, device: torc
     perf = result.throughput
     data = report.summary()
     s = result.state
+    if speed and speed.get("compile") and perf.get("warmup_steps") is not None:
+        # seconds the warm-up steps took beyond ordinary steps: compilation, mostly
+        speed["compile_s"] = max(0.0, perf["warmup_s"]
+                                 - perf["warmup_steps"] * perf["median_step_s"])
     summary = {
         "steps": s.step, "total_steps": result.total_steps,
         "final_loss": s.last_loss, "eval_loss": result.eval_loss,
@@ -124,8 +128,8 @@ def format_summary(summary: dict[str, Any], out: Path) -> str:
 def _format_speed(sp: dict[str, Any]) -> list[str]:
     if not sp:
         return []
-    compiled = (f"{sp['compiled_layers']} layer(s), {sp['compile_backend']}" if sp["compile"]
-                else "off")
+    compiled = (f"{sp['compiled_layers']} layer(s), {sp['compile_backend']}, about "
+                f"{sp.get('compile_s', 0):.0f} s" if sp["compile"] else "off")
     if sp.get("compile_fallback"):
         compiled = f"fell back to eager ({sp['compile_fallback'][:80]})"
     first = sp.get("time_to_first_step_s")
