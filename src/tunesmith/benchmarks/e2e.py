@@ -229,36 +229,27 @@ def run_e2e(opts: Any) -> dict[str, Any]:
     start = time.perf_counter()
     device = torch.device("cuda" if torch.cuda.is_available() and not opts.tiny else "cpu")
     shape = "tiny" if opts.tiny else "qwen2.5-7b"
-    work, runs = Path(opts.work), Path(opts.work) / "runs"
+    runs = Path(opts.work) / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    assets = build_assets(work, shape, opts.samples, device)
+    assets = build_assets(Path(opts.work), shape, opts.samples, device)
     lf_problem = ("not asked for" if "llamafactory" not in opts.systems else None
                   if opts.lf_python else install_llamafactory(Path(opts.wheels),
                                                               Path(opts.lf_site),
                                                               runs / "lf-install.log"))
-    from transformers import AutoTokenizer
-
-    pad_id = AutoTokenizer.from_pretrained(assets.model_dir).pad_token_id
     results: dict[str, dict[str, Any]] = {}
     for system, case in RUN_ORDER:
-        if system not in opts.systems or case not in opts.cases:
-            continue
-        key, spec = f"{system}-{case}", CASES[case][system]
-        if isinstance(spec, str) or spec is None:  # the same run as another case, or none
-            continue
+        spec = CASES[case][system]
+        if system not in opts.systems or case not in opts.cases or not isinstance(spec, dict):
+            continue  # not asked for, the same run as another case, or no such run
         left = opts.budget_s - (time.perf_counter() - start)
+        key = f"{system}-{case}"
         if system == "llamafactory" and lf_problem:
             results[key] = {"status": f"skipped: {lf_problem}"}
-            continue
-        if left < opts.min_run_s:
+        elif left < opts.min_run_s:
             results[key] = {"status": f"skipped: {left:.0f} s of the budget left"}
-            continue
-        steps = opts.steps if system == "tunesmith" else opts.lf_steps
-        path, out = case_yaml(system, case, assets, steps, runs, device.type == "cpu")
-        cap = min(opts.run_cap_s, left)
-        results[key] = (run_tunesmith(path, out, cap, ts_env(work)) if system == "tunesmith"
-                        else run_llamafactory(path, out, cap, lf_env(opts), pad_id,
-                                              opts.lf_python or sys.executable))
+        else:
+            results[key] = run_case(system, case, opts, assets, min(opts.run_cap_s, left),
+                                    device.type == "cpu")
         print(f"[e2e] {key}: {json.dumps(results[key], default=str)[:300]}", flush=True)
     meta = {"shape": shape, "device": torch.cuda.get_device_name(0) if device.type == "cuda"
             else "cpu", "runs": results, "wall_s": time.perf_counter() - start,
@@ -269,6 +260,20 @@ def run_e2e(opts: Any) -> dict[str, Any]:
     table = ratios(results)
     write_report(Path(opts.out), table, meta)
     return {"meta": meta, "cases": table}
+
+
+def run_case(system: str, case: str, opts: Any, assets: Any, cap: float, cpu: bool
+             ) -> dict[str, Any]:
+    runs = Path(opts.work) / "runs"
+    steps = opts.steps if system == "tunesmith" else opts.lf_steps
+    path, out = case_yaml(system, case, assets, steps, runs, cpu)
+    if system == "tunesmith":
+        return run_tunesmith(path, out, cap, ts_env(Path(opts.work)))
+    from transformers import AutoTokenizer
+
+    pad_id = AutoTokenizer.from_pretrained(assets.model_dir).pad_token_id
+    return run_llamafactory(path, out, cap, lf_env(opts), pad_id,
+                            opts.lf_python or sys.executable)
 
 
 def parse_args(argv: list[str]) -> Any:
