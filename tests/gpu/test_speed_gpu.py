@@ -61,6 +61,7 @@ def test_varlen_flash_kernel_runs_inside_compiled_recompute(tmp_path, tiny_llama
                             attn_implementation="varlen", gradient_checkpointing="true",
                             torch_compile=True)
     sp = summary["speed"]
+    assert sp["attention"] == VARLEN_ATTENTION and sp["checkpointed_layers"] == LAYERS
     assert sp["compiled_graphs"] > 0 and sp["compile_fallback"] == ""
     kernels = " ".join(e.key.lower() for e in prof.key_averages())
     assert "flash" in kernels, "no FlashAttention kernel ran"
