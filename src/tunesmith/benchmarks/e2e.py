@@ -294,11 +294,11 @@ def parse_args(argv: list[str]) -> Any:
                     help=f"comma-separated, from {', '.join(CASES)}")
     ap.add_argument("--systems", default="tunesmith,llamafactory")
     ap.add_argument("--samples", type=int, default=2000)
-    ap.add_argument("--steps", type=int, default=40, help="tunesmith steps per run")
-    ap.add_argument("--lf-steps", type=int, default=30, help="LLaMA-Factory steps per run")
-    ap.add_argument("--budget-s", type=float, default=510.0, help="whole benchmark, seconds")
-    ap.add_argument("--run-cap-s", type=float, default=150.0, help="one run, seconds")
-    ap.add_argument("--min-run-s", type=float, default=45.0,
+    ap.add_argument("--steps", type=int, default=30, help="tunesmith steps per run")
+    ap.add_argument("--lf-steps", type=int, default=20, help="LLaMA-Factory steps per run")
+    ap.add_argument("--budget-s", type=float, default=525.0, help="whole benchmark, seconds")
+    ap.add_argument("--run-cap-s", type=float, default=110.0, help="one run, seconds")
+    ap.add_argument("--min-run-s", type=float, default=40.0,
                     help="skip a run when less than this is left of the budget")
     opts = ap.parse_args(argv)
     opts.cases = [c for c in opts.cases.split(",") if c]
