@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,7 +67,7 @@ def save_compile_cache(cache: CompileCache) -> None:
     if result is None or not result[0]:
         return
     cache.artifact.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.artifact.with_suffix(".tmp")
+    tmp = cache.artifact.with_suffix(f".{os.getpid()}.tmp")  # ranks may write at once
     tmp.write_bytes(result[0])
     tmp.replace(cache.artifact)
     cache.saved = True
