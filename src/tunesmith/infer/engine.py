@@ -169,12 +169,12 @@ class HFEngine:
         kwargs["streamer"] = streamer
         errors: list[BaseException] = []
         thread = self._start_generate(kwargs, shared.seed, streamer, errors)
-        rows = [_Row(TextAssembler(self.tokenizer, p.stop, self.eos_ids), p.max_new_tokens)
+        rows = [RowText(TextAssembler(self.tokenizer, p.stop, self.eos_ids), p.max_new_tokens)
                 for p in params]
         try:
             for new in streamer:  # one new token per row
                 for i, token in enumerate(new):
-                    yield from _advance(i, rows[i], token, cancelled[i])
+                    yield from advance_row(i, rows[i], token, cancelled[i])
                 if all(r.done for r in rows):
                     break
         finally:
@@ -258,7 +258,7 @@ class HFEngine:
 
 
 @dataclass
-class _Row:
+class RowText:
     """One prompt's progress inside a batched stream."""
 
     text: TextAssembler
@@ -273,7 +273,7 @@ class _Row:
         return Chunk(tail, "stop" if stopped else "length", self.received)
 
 
-def _advance(i: int, row: _Row, token: int, cancelled: threading.Event
+def advance_row(i: int, row: RowText, token: int, cancelled: threading.Event
              ) -> Iterator[tuple[int, Chunk]]:
     if row.done:
         return
