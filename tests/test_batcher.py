@@ -70,6 +70,7 @@ def test_greedy_outputs_equal_single_requests_even_when_joining_a_running_batch(
         assert out[i][-1].finish_reason == expected[-1].finish_reason
         assert out[i][-1].completion_tokens == expected[-1].completion_tokens
     assert batcher.stats.largest_batch == 4  # full: requests really ran together
+    assert batcher.stats.joined_running >= 4
     assert batcher.stats.prefill_groups >= 3  # the 64-token budget split the prompts
 
 

@@ -83,6 +83,7 @@ class BatcherStats:
     largest_batch: int = 0
     decode_steps: int = 0
     prefill_groups: int = 0
+    joined_running: int = 0  # requests prefilled while others were decoding
     cancelled: int = 0
     finished: int = 0
 
@@ -231,6 +232,8 @@ class ContinuousBatcher:
         if not group:
             return
         first, m = len(self._rows), len(group)
+        if first:
+            self.stats.joined_running += m
         width = max(len(g.prompt) for g in group)
         dev = self.engine.device
         pad = self.engine.tokenizer.pad_token_id or 0

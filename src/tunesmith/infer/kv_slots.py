@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tunesmith.errors import ModelError
+from tunesmith.errors import ModelError, UnsupportedModelError
 
 SLOT_ATTENTION = "tunesmith_slots"
 STATE_KWARG = "tunesmith_slots"
@@ -87,11 +87,11 @@ def cache_shape(config: Any, dtype: torch.dtype) -> CacheShape:
     heads = int(getattr(text, "num_attention_heads", 0) or 0)
     layers = int(getattr(text, "num_hidden_layers", 0) or 0)
     if not heads or not layers:
-        raise ModelError(f"{type(config).__name__} has no num_attention_heads / "
+        raise UnsupportedModelError(f"{type(config).__name__} has no num_attention_heads / "
                          "num_hidden_layers; continuous batching needs a decoder-only model")
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"} or getattr(text, "use_sliding_window", False):
-        raise ModelError(f"{type(config).__name__} uses attention layers of kinds "
+        raise UnsupportedModelError(f"{type(config).__name__} uses attention layers of kinds "
                          f"{sorted(kinds)}; the slot cache serves full-attention models only")
     head_dim = int(getattr(text, "head_dim", 0) or text.hidden_size // heads)
     kv = int(getattr(text, "num_key_value_heads", 0) or heads)
