@@ -139,3 +139,19 @@ def test_requests_that_cannot_fit_and_unsupported_models_are_refused(engine, bat
     shape = CacheShape(layers=2, kv_heads=2, head_dim=16, dtype=torch.float32)
     assert shape.bytes_per_token == 2 * 2 * 2 * 16 * 4
     assert plan_slots(shape, 512, 9, torch.device("cpu"), 0.9) == 9
+
+
+def test_serving_benchmark_tiny_run(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "serve.py"
+    spec = importlib.util.spec_from_file_location("bench_serve", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert bench.main(["--tiny", "--streams", "3", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "serve.json").read_text())
+    rows = {r["system"]: r for r in report["results"]}
+    assert rows["tunesmith"]["output_tokens"] == rows["generate"]["output_tokens"] == 3 * 8
+    assert report["ratios"]["3"] > 0 and "| tunesmith | 3 |" in (tmp_path / "serve.md").read_text()

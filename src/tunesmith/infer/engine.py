@@ -120,6 +120,20 @@ class HFEngine:
         self.max_length = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self._lock = threading.Lock()  # one generate() at a time on the shared model
 
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, tokenizer: Any, name: str,
+                   template: str = "") -> HFEngine:
+        """An engine over a model already in memory (benchmarks, tests, the web UI)."""
+        engine = cls.__new__(cls)
+        engine.device = next(model.parameters()).device
+        engine.name, engine.tokenizer = name, tokenizer
+        engine.renderer = _pick_renderer(template, [], tokenizer)
+        engine.model = model.eval()
+        engine.eos_ids = _eos_ids(model, tokenizer)
+        engine.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        engine._lock = threading.Lock()
+        return engine
+
     # -- prompts ------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """Token ids of the rendered conversation followed by the generation prompt."""
