@@ -141,14 +141,16 @@ def test_requests_that_cannot_fit_and_unsupported_models_are_refused(engine, bat
     assert plan_slots(shape, 512, 9, torch.device("cpu"), 0.9) == 9
 
 
-def test_serving_benchmark_tiny_run(tmp_path):
+def test_serving_benchmark_tiny_run(tmp_path, monkeypatch):
     import importlib.util
     import json
+    import sys
     from pathlib import Path
 
     path = Path(__file__).resolve().parents[1] / "bench" / "serve.py"
     spec = importlib.util.spec_from_file_location("bench_serve", path)
     bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_serve", bench)  # dataclasses look it up
     spec.loader.exec_module(bench)
     assert bench.main(["--tiny", "--streams", "3", "--out", str(tmp_path)]) == 0
     report = json.loads((tmp_path / "serve.json").read_text())
