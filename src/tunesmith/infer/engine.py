@@ -99,6 +99,8 @@ def check_adapters(adapters: list[str]) -> None:
 class HFEngine:
     """transformers backend: CPU (fp32) or CUDA (bf16), KV cache, streaming, batching."""
 
+    accepts_images = False  # text only: the API answers image parts with a 400
+
     def __init__(self, model_name_or_path: str, adapter_name_or_path: list[str] | None = None,
                  template: str = "", device: str = "auto", trust_remote_code: bool = False,
                  cache_dir: str | None = None):
@@ -135,9 +137,11 @@ class HFEngine:
         return engine
 
     # -- prompts ------------------------------------------------------------------------
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Token ids of the rendered conversation followed by the generation prompt."""
-        text = self.renderer.prompt_text(messages)
+
+    def encode_chat(self, messages: list[dict[str, Any]], tools: list | None = None
+                    ) -> list[int]:
+        """Token ids of the rendered conversation (and tools) plus the generation prompt."""
+        text = self.renderer.prompt_text(messages, tools)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def encode_text(self, text: str) -> list[int]:

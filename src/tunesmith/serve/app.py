@@ -40,6 +40,7 @@ from tunesmith.serve.responses import (
     sse,
     usage_event,
 )
+from tunesmith.serve.tool_api import check_images, check_tool_choice, tool_events
 from tunesmith.serve.worker import GenerationWorker, QueueFull
 
 log = logging.getLogger(__name__)
@@ -101,16 +102,20 @@ class Service:
     async def chat(self, raw: bytes) -> Any:
         req = parse_body(raw, ChatCompletionRequest)
         self._check_common(req)
+        check_tool_choice(req)
+        check_images(req, self.engine, self.settings.model_name)
         conv = req.conversation()
-        if not any(m["content"].strip() for m in conv):
+        if not any(m["content"].strip() or m.get("tool_calls") for m in conv):
             raise APIError(400, "messages: every message is empty; send a user message with "
                            "some text", param="messages", code="empty_prompt")
+        tools = req.template_tools()
         try:
-            ids = self.engine.encode_chat(conv)
+            ids = self.engine.encode_chat(conv, tools)
         except DataError as exc:
             raise APIError(400, f"messages: {exc}", param="messages",
                            code="invalid_messages") from None
-        return await self._respond(ResponseMeta("chat", self.settings.model_name), req, [ids])
+        meta = ResponseMeta("chat", self.settings.model_name, tools=tools is not None)
+        return await self._respond(meta, req, [ids])
 
     async def completions(self, raw: bytes) -> Any:
         req = parse_body(raw, CompletionRequest)
@@ -162,6 +167,12 @@ class Service:
         params = self.params(req, prompts)
         prompt_tokens = sum(len(p) for p in prompts)
         items = self._open(choice_jobs(prompts, req.n, params))
+        if req.stream and meta.tools:  # a call is known only once the answer is complete
+            results = _collect(items, len(prompts) * req.n, prompt_tokens)
+            usage = bool(req.stream_options and req.stream_options.include_usage)
+            return StreamingResponse(tool_events(meta, results, prompt_tokens, usage),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             events = self._events(meta, items, prompt_tokens, usage)
