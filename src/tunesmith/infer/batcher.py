@@ -145,19 +145,11 @@ class ContinuousBatcher:
         return event
 
     def stream(self, prompt: list[int], params: GenerationParams) -> Iterator[Chunk]:
-        """One request's chunks, in the caller's thread; closing the iterator cancels it."""
+        """Submit one request now; iterate its chunks in the caller's thread. Closing the
+        iterator cancels the request."""
         inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
         cancel = self.submit(prompt, params, lambda kind, value: inbox.put((kind, value)))
-        try:
-            while True:
-                kind, value = inbox.get()
-                if kind == "error":
-                    raise value
-                if kind == "end":
-                    return
-                yield value
-        finally:
-            cancel.set()
+        return _read(inbox, cancel)
 
     def waiting(self) -> int:
         return self._waiting.qsize()
@@ -201,6 +193,7 @@ class ContinuousBatcher:
                 self._pending.append(live)
 
     def _iterate(self) -> None:
+        self._take_waiting(block=False)  # requests that came while we waited for the lock
         self._leave([i for i, r in enumerate(self._rows) if r.cancelled.is_set()])
         if self._pending:
             self._prefill(self._prefill_group())
@@ -300,3 +293,16 @@ class ContinuousBatcher:
                 self.seen[i] = self.seen[last]
                 self._rows[i] = moved
             self._rows.pop()
+
+
+def _read(inbox: queue.Queue[tuple[str, Any]], cancel: threading.Event) -> Iterator[Chunk]:
+    try:
+        while True:
+            kind, value = inbox.get()
+            if kind == "error":
+                raise value
+            if kind == "end":
+                return
+            yield value
+    finally:
+        cancel.set()
