@@ -13,13 +13,13 @@ submit(prompt, params, emit) --waiting queue--> engine thread, per iteration:
 Each request streams `Chunk`s through its `emit` callback (called in the engine thread)
 exactly like `HFEngine.stream_ids`: stop strings, end-of-sequence, max_new_tokens and
 cancellation are per request, and so are temperature, top-p, top-k, repetition penalty and
-seed. The model is the engine's transformers model; only its attention function is swapped
-(through transformers' public `set_attn_implementation`) while a step runs.
+seed. The model is the engine's transformers model; only its attention function is switched
+(through transformers' public `set_attn_implementation`) to the slot attention, and back
+by the engine's own generate() when that runs (both under the engine's lock).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import queue
 import threading
@@ -166,7 +166,8 @@ class ContinuousBatcher:
             if self._closed:
                 break
             try:
-                with self.engine._lock, torch.inference_mode(), self._slot_attention():
+                with self.engine._lock, torch.inference_mode():
+                    self.engine.use_attention(self.attention)  # generate() switches it back
                     self._iterate()
             except Exception as exc:  # every request in flight answers with the error
                 log.error("continuous batching step failed: %s", type(exc).__name__,
@@ -199,15 +200,6 @@ class ContinuousBatcher:
             self._prefill(self._prefill_group())
         if self._rows:
             self._decode()
-
-    @contextlib.contextmanager
-    def _slot_attention(self) -> Iterator[None]:
-        before = self.model.config._attn_implementation
-        self.model.set_attn_implementation(self.attention)
-        try:
-            yield
-        finally:
-            self.model.set_attn_implementation(before)
 
     def _prefill_group(self) -> list[_Live]:
         """The first pending requests whose right-padded prompts fit the token budget."""

@@ -121,6 +121,7 @@ class HFEngine:
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.max_length = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self._lock = threading.Lock()  # one generate() at a time on the shared model
+        self.attention = self.model.config._attn_implementation  # generate() runs with this
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, tokenizer: Any, name: str,
@@ -134,6 +135,7 @@ class HFEngine:
         engine.eos_ids = _eos_ids(model, tokenizer)
         engine.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 0)
         engine._lock = threading.Lock()
+        engine.attention = model.config._attn_implementation
         return engine
 
     # -- prompts ------------------------------------------------------------------------
@@ -229,6 +231,12 @@ class HFEngine:
         """Chat-render and batch-generate several conversations."""
         return self.generate_batch([self.encode_chat(m) for m in conversations], params)
 
+    def use_attention(self, name: str) -> None:
+        """Switch the model's attention function (the continuous batcher uses its own); call
+        with the lock held. Switching is skipped when it is already in use."""
+        if self.model.config._attn_implementation != name:
+            self.model.set_attn_implementation(name)
+
     # -- internals ----------------------------------------------------------------------
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and attention mask, [B, T], padded on the left."""
@@ -255,6 +263,7 @@ class HFEngine:
 
     def _run_generate(self, kwargs: dict[str, Any], seed: int | None) -> torch.Tensor:
         with self._lock, torch.inference_mode():
+            self.use_attention(self.attention)
             if seed is not None:
                 torch.manual_seed(seed)
             return self.model.generate(**kwargs)
