@@ -114,7 +114,8 @@ def prompts_for(streams: int, length: int, vocab: int, seed: int) -> list[list[i
     return torch.randint(2, vocab, (streams, length), generator=g).tolist()
 
 
-def run_tunesmith(batcher: ContinuousBatcher, prompts: list[list[int]], new: int) -> Result:
+def run_tunesmith(batcher: ContinuousBatcher, prompts: list[list[int]], new: int,
+                  system: str = "tunesmith") -> Result:
     """All streams opened at once from one event loop, through the API server's bridge."""
     params = GenerationParams(new, temperature=0)
     streams = BatcherStreams(batcher)
@@ -134,7 +135,7 @@ def run_tunesmith(batcher: ContinuousBatcher, prompts: list[list[int]], new: int
     asyncio.run(all_clients())
     extra = {"graphs_captured": len(batcher.runner.captured),
              "graph_fallbacks": batcher.runner.fallbacks, "slots": batcher.slots}
-    return summarise("tunesmith", starts, stamps, sum(counts), extra)
+    return summarise(system, starts, stamps, sum(counts), extra)
 
 
 class StepClock:
@@ -181,8 +182,8 @@ def write_report(results: list[Result], meta: dict, out: Path) -> str:
              "| system | streams | output tok/s | TTFT p50 ms | TTFT p95 ms | ITL p50 ms "
              "| ITL p95 ms | vs generate |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
-        ratio = f"{ratios[r.streams]}x" if r.system == "tunesmith" and r.streams in ratios \
-            else ""
+        ratio = f"{round(r.tokens_per_s / peer[r.streams].tokens_per_s, 2)}x" \
+            if r.system != "generate" and r.streams in peer else ""
         lines.append(f"| {r.system} | {r.streams} | {r.tokens_per_s} | {r.ttft_p50_ms} | "
                      f"{r.ttft_p95_ms} | {r.itl_p50_ms} | {r.itl_p95_ms} | {ratio} |")
     if 32 in ratios:
@@ -201,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tiny", action="store_true", help="CPU smoke run with a tiny model")
     p.add_argument("--out", default=os.environ.get("OUT") or "bench-out")
     p.add_argument("--streams", default="", help="comma-separated (default 1,8,32,128)")
-    p.add_argument("--systems", default="generate,tunesmith")
+    p.add_argument("--systems", default="generate,tunesmith",
+                   help="any of generate, tunesmith, tunesmith-eager (no CUDA graphs)")
     p.add_argument("--eager", action="store_true", help="tunesmith without CUDA graphs")
     a = p.parse_args(argv)
     device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
@@ -211,14 +213,17 @@ def main(argv: list[str] | None = None) -> int:
     vocab = engine.model.config.vocab_size
     results: list[Result] = []
     for system in a.systems.split(","):
+        if system not in ("generate", "tunesmith", "tunesmith-eager"):
+            p.error(f"--systems: unknown system {system!r}")
         batcher = None
-        if system == "tunesmith":
+        if system.startswith("tunesmith"):
+            graphs = system == "tunesmith" and not a.eager
             batcher = ContinuousBatcher(engine, BatcherOptions(
-                max_batch=max(streams), max_len=prompt_len + new, cuda_graphs=not a.eager))
+                max_batch=max(streams), max_len=prompt_len + new, cuda_graphs=graphs))
         for n in streams:
             for round_ in ("warm-up", "measured"):
                 prompts = prompts_for(n, prompt_len, vocab, seed=n)
-                r = run_tunesmith(batcher, prompts, new) if batcher else \
+                r = run_tunesmith(batcher, prompts, new, system) if batcher else \
                     run_generate(engine, prompts, new)
                 print(f"{system:9s} streams={n:<4d} {round_:8s} {r.tokens_per_s:>9} tok/s "
                       f"TTFT p50 {r.ttft_p50_ms} ms ITL p50 {r.itl_p50_ms} ms", flush=True)

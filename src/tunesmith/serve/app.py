@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tunesmith.errors import DataError, TunesmithError, UnsupportedModelError
+from tunesmith.errors import DataError, ModelError, TunesmithError, UnsupportedModelError
 
 try:  # the one place the server's optional dependencies are imported
     import uvicorn  # noqa: F401
@@ -189,6 +189,9 @@ class Service:
             return self.worker.open_many(jobs)
         except QueueFull:
             raise _busy() from None
+        except ModelError as exc:  # the batcher's own context check (its cache slots)
+            raise APIError(400, str(exc), param="max_tokens",
+                           code="context_length_exceeded") from None
 
     async def _events(self, meta: ResponseMeta, items: AsyncIterator[tuple[int, Chunk]],
                       prompt_tokens: int, usage: bool) -> AsyncIterator[str]:
