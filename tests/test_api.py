@@ -243,7 +243,7 @@ def generate_worker(monkeypatch):
     """Serve through the one-generate-at-a-time worker, as for a model the batcher refuses."""
     import tunesmith.infer.batcher as batcher
 
-    def refuse(config, dtype):
+    def refuse(config, dtype, length=0):
         raise UnsupportedModelError("sliding-window layers (test)")
 
     monkeypatch.setattr(batcher, "cache_shape", refuse)

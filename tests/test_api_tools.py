@@ -51,7 +51,7 @@ def served(tiny_llama_dir, monkeypatch):
     import tunesmith.infer.batcher as batcher
     from tunesmith.errors import UnsupportedModelError
 
-    def refuse(config, dtype):
+    def refuse(config, dtype, length=0):
         raise UnsupportedModelError("scripted answers (test)")
 
     monkeypatch.setattr(batcher, "cache_shape", refuse)

@@ -136,6 +136,12 @@ def test_requests_that_cannot_fit_and_unsupported_models_are_refused(engine, bat
                           layer_types=["sliding_attention", "full_attention"])
     with pytest.raises(ModelError, match="full-attention models only"):
         cache_shape(sliding, torch.float32)
+    from transformers import MistralConfig
+
+    window = MistralConfig(num_hidden_layers=2, sliding_window=256)
+    assert cache_shape(window, torch.float32, length=256).layers == 2  # never past the window
+    with pytest.raises(ModelError, match="full-attention models only"):
+        cache_shape(window, torch.float32, length=4096)
     shape = CacheShape(layers=2, kv_heads=2, head_dim=16, dtype=torch.float32)
     assert shape.bytes_per_token == 2 * 2 * 2 * 16 * 4
     assert plan_slots(shape, 512, 9, torch.device("cpu"), 0.9) == 9

@@ -97,8 +97,8 @@ class ContinuousBatcher:
         self.model = engine.model
         self.trunk, self.head = split_causal_lm(self.model)
         dtype = next(self.model.parameters()).dtype
-        shape = cache_shape(self.model.config, dtype)
         self.max_len = opts.max_len or engine.max_length or 4096
+        shape = cache_shape(self.model.config, dtype, self.max_len)
         slots = plan_slots(shape, self.max_len, opts.max_batch, engine.device,
                            opts.memory_fraction)
         self.cache = SlotCache(shape.layers, slots, shape.kv_heads, self.max_len,

@@ -81,8 +81,9 @@ class CacheShape:
         return 2 * self.layers * self.kv_heads * self.head_dim * itemsize
 
 
-def cache_shape(config: Any, dtype: torch.dtype) -> CacheShape:
-    """KV geometry from a transformers config; refuses models this cache cannot serve."""
+def cache_shape(config: Any, dtype: torch.dtype, length: int = 0) -> CacheShape:
+    """KV geometry from a transformers config; refuses models this cache cannot serve
+    (sliding-window layers, unless no request of `length` tokens can exceed the window)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     heads = int(getattr(text, "num_attention_heads", 0) or 0)
     layers = int(getattr(text, "num_hidden_layers", 0) or 0)
@@ -90,7 +91,11 @@ def cache_shape(config: Any, dtype: torch.dtype) -> CacheShape:
         raise UnsupportedModelError(f"{type(config).__name__} has no num_attention_heads / "
                          "num_hidden_layers; continuous batching needs a decoder-only model")
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
-    if kinds != {"full_attention"} or getattr(text, "use_sliding_window", False):
+    window = getattr(text, "sliding_window", None) if getattr(
+        text, "use_sliding_window", True) else None
+    if window and (not length or length > window):
+        kinds.add("sliding_attention")
+    if kinds != {"full_attention"}:
         raise UnsupportedModelError(f"{type(config).__name__} uses attention layers of kinds "
                          f"{sorted(kinds)}; the slot cache serves full-attention models only")
     head_dim = int(getattr(text, "head_dim", 0) or text.hidden_size // heads)
