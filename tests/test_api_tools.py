@@ -126,3 +126,16 @@ def test_tool_call_formats_are_parsed_and_bad_blocks_stay_content():
     assert parse_tool_calls(broken) == (broken, [])
     assert parse_tool_calls("The answer is {1, 2}.") == ("The answer is {1, 2}.", [])
     assert parse_tool_calls('{"city": "Paris"}') == ('{"city": "Paris"}', [])
+
+
+def test_image_parts_reach_a_vision_engine_in_hugging_face_chat_shape():
+    from tunesmith.serve.protocol import ChatCompletionRequest
+
+    req = ChatCompletionRequest.model_validate({"model": NAME, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                     {"type": "image_url", "image_url": {"url": "u.png"}}]},
+        {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]}]})
+    conv = req.conversation()
+    assert conv[0]["content"] == [{"type": "text", "text": "What is this?"},
+                                  {"type": "image", "url": "u.png"}]
+    assert conv[1]["content"] == "A cat."  # text-only parts stay a plain string

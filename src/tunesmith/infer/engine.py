@@ -99,7 +99,10 @@ def check_adapters(adapters: list[str]) -> None:
 class HFEngine:
     """transformers backend: CPU (fp32) or CUDA (bf16), KV cache, streaming, batching."""
 
-    accepts_images = False  # text only: the API answers image parts with a 400
+    # Text only: the API answers image parts with a 400. A vision-language engine sets this
+    # and receives messages whose content is a list of Hugging Face chat parts
+    # ({"type": "text", "text"} | {"type": "image", "url"}) in encode_chat.
+    accepts_images = False
 
     def __init__(self, model_name_or_path: str, adapter_name_or_path: list[str] | None = None,
                  template: str = "", device: str = "auto", trust_remote_code: bool = False,

@@ -105,7 +105,7 @@ class Service:
         check_tool_choice(req)
         check_images(req, self.engine, self.settings.model_name)
         conv = req.conversation()
-        if not any(m["content"].strip() or m.get("tool_calls") for m in conv):
+        if not any(_has_content(m) for m in conv):
             raise APIError(400, "messages: every message is empty; send a user message with "
                            "some text", param="messages", code="empty_prompt")
         tools = req.template_tools()
@@ -216,6 +216,13 @@ class Service:
         if usage:
             yield usage_event(meta, prompt_tokens, completion)
         yield DONE
+
+
+def _has_content(message: dict[str, Any]) -> bool:
+    content = message["content"]
+    if isinstance(content, list):  # parts with images (vision-language engines only)
+        return bool(content)
+    return bool(content.strip() or message.get("tool_calls"))
 
 
 def _busy() -> APIError:

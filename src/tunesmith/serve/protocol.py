@@ -90,6 +90,10 @@ class ChatMessage(_Strict):
         """The message as chat templates expect it (tool-call arguments as objects)."""
         d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
                              "content": self.text()}
+        if self.image_urls():  # Hugging Face's multimodal chat shape, in the request's order
+            d["content"] = [{"type": "image", "url": p.image_url.url}
+                            if isinstance(p, ImagePart) else {"type": "text", "text": p.text}
+                            for p in self.content]  # type: ignore[union-attr]
         if self.tool_calls:
             d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.function.name, "arguments": json.loads(c.function.arguments)}}
