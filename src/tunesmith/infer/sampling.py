@@ -37,12 +37,12 @@ def choose_tokens(logits: torch.Tensor, rows: list[RowSampling],
     greedy = logits.argmax(dim=-1)
     sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
     if not sampled:
-        return greedy.tolist()
+        return greedy.cpu().tolist()  # .cpu() waits for the GPU with the GIL released
     probs = _filtered_probs(logits[sampled], [rows[i] for i in sampled])  # [S, V]
     draws = _draw(probs, [rows[i].generator for i in sampled])
     chosen = greedy.clone()
     chosen[torch.tensor(sampled, device=logits.device)] = draws
-    return chosen.tolist()
+    return chosen.cpu().tolist()
 
 
 def _penalise(logits: torch.Tensor, rows: list[RowSampling], seen: torch.Tensor
