@@ -145,6 +145,8 @@ def test_requests_that_cannot_fit_and_unsupported_models_are_refused(engine, bat
     shape = CacheShape(layers=2, kv_heads=2, head_dim=16, dtype=torch.float32)
     assert shape.bytes_per_token == 2 * 2 * 2 * 16 * 4
     assert plan_slots(shape, 512, 9, torch.device("cpu"), 0.9) == 9
+    with pytest.raises(ModelError, match="lower --max_model_len"):
+        plan_slots(CacheShape(2, 2, 16, torch.float32), 2**40, 9, torch.device("cpu"), 0.9)
 
 
 def test_serving_benchmark_tiny_run(tmp_path, monkeypatch):

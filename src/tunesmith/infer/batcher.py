@@ -103,6 +103,14 @@ class ContinuousBatcher:
                            opts.memory_fraction)
         self.cache = SlotCache(shape.layers, slots, shape.kv_heads, self.max_len,
                                shape.head_dim, dtype, engine.device)
+        size = slots * self.max_len * shape.bytes_per_token / 2**30
+        log.info("KV cache: %d slots of %d tokens (%.2f GiB) on %s", slots, self.max_len, size,
+                 engine.device)
+        if slots < opts.max_batch:
+            log.warning("the KV cache holds %d running requests, not max_batch_size %d: the "
+                        "free memory allows no more at %d tokens each (lower --max_model_len "
+                        "or raise --kv_cache_fraction for more)", slots, opts.max_batch,
+                        self.max_len)
         self.attention = register_slot_attention()
         self.runner = DecodeRunner(self._decode_logits, self.cache, engine.device,
                                    opts.cuda_graphs)

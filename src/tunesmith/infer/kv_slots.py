@@ -20,6 +20,7 @@ grouped-query attention needs no repeated keys.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,18 +106,30 @@ def cache_shape(config: Any, dtype: torch.dtype, length: int = 0) -> CacheShape:
 
 def plan_slots(shape: CacheShape, length: int, max_slots: int, device: torch.device,
                memory_fraction: float) -> int:
-    """How many slots of `length` tokens fit: all of max_slots on CPU; on CUDA the share
-    `memory_fraction` of the free memory (after the weights are loaded)."""
+    """How many slots of `length` tokens fit in the share `memory_fraction` of the free
+    memory (GPU: after the weights are loaded; CPU: at most a quarter of the available RAM,
+    the rest is the model's and everyone else's), up to max_slots."""
+    free = _free_bytes(device)
     if device.type != "cuda":
-        return max_slots
-    free, _ = torch.cuda.mem_get_info(device)
+        memory_fraction = min(memory_fraction, 0.25)
     per_slot = shape.bytes_per_token * length
+    if free is None:
+        return max_slots
     fits = int(free * memory_fraction) // per_slot
     if fits < 1:
         raise ModelError(f"the KV cache needs {per_slot / 2**30:.2f} GiB per request of "
-                         f"{length} tokens but only {free / 2**30:.2f} GiB of GPU memory is "
-                         "free; lower --max_model_len or free GPU memory")
+                         f"{length} tokens but only {free / 2**30:.2f} GiB of {device.type} "
+                         "memory is free; lower --max_model_len or free memory")
     return min(max_slots, fits)
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):  # not reported here (e.g. macOS)
+        return None
 
 
 def register_slot_attention() -> str:
