@@ -197,27 +197,15 @@ def write_report(results: list[Result], meta: dict, out: Path) -> str:
     return table
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tiny", action="store_true", help="CPU smoke run with a tiny model")
-    p.add_argument("--out", default=os.environ.get("OUT") or "bench-out")
-    p.add_argument("--streams", default="", help="comma-separated (default 1,8,32,128)")
-    p.add_argument("--systems", default="generate,tunesmith",
-                   help="any of generate, tunesmith, tunesmith-eager (no CUDA graphs)")
-    p.add_argument("--eager", action="store_true", help="tunesmith without CUDA graphs")
-    a = p.parse_args(argv)
-    device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
-    shape, prompt_len, new = ("tiny", 32, 8) if a.tiny else ("7b", 512, 256)
-    streams = [int(s) for s in (a.streams or ("1,4" if a.tiny else "1,8,32,128")).split(",")]
-    engine = build_engine(shape, device, max_len=prompt_len + new + 8)
+def run_systems(engine: HFEngine, systems: list[str], streams: list[int], prompt_len: int,
+                new: int, eager: bool) -> list[Result]:
+    """Each system at each stream count: a warm-up round, then the measured one."""
     vocab = engine.model.config.vocab_size
     results: list[Result] = []
-    for system in a.systems.split(","):
-        if system not in ("generate", "tunesmith", "tunesmith-eager"):
-            p.error(f"--systems: unknown system {system!r}")
+    for system in systems:
         batcher = None
         if system.startswith("tunesmith"):
-            graphs = system == "tunesmith" and not a.eager
+            graphs = system == "tunesmith" and not eager
             batcher = ContinuousBatcher(engine, BatcherOptions(
                 max_batch=max(streams), max_len=prompt_len + new, cuda_graphs=graphs))
         for n in streams:
@@ -230,8 +218,29 @@ def main(argv: list[str] | None = None) -> int:
             results.append(r)
         if batcher is not None:
             batcher.close()
-        if device.type == "cuda":
+        if engine.device.type == "cuda":
             torch.cuda.empty_cache()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tiny", action="store_true", help="CPU smoke run with a tiny model")
+    p.add_argument("--out", default=os.environ.get("OUT") or "bench-out")
+    p.add_argument("--streams", default="", help="comma-separated (default 1,8,32,128)")
+    p.add_argument("--systems", default="generate,tunesmith",
+                   help="any of generate, tunesmith, tunesmith-eager (no CUDA graphs)")
+    p.add_argument("--eager", action="store_true", help="tunesmith without CUDA graphs")
+    a = p.parse_args(argv)
+    unknown = set(a.systems.split(",")) - {"generate", "tunesmith", "tunesmith-eager"}
+    if unknown:
+        p.error(f"--systems: unknown {sorted(unknown)}; choose generate, tunesmith, "
+                "tunesmith-eager")
+    device = torch.device("cpu" if a.tiny or not torch.cuda.is_available() else "cuda")
+    shape, prompt_len, new = ("tiny", 32, 8) if a.tiny else ("7b", 512, 256)
+    streams = [int(s) for s in (a.streams or ("1,4" if a.tiny else "1,8,32,128")).split(",")]
+    engine = build_engine(shape, device, max_len=prompt_len + new + 8)
+    results = run_systems(engine, a.systems.split(","), streams, prompt_len, new, a.eager)
     import transformers
 
     meta = {"shape": shape, "device": torch.cuda.get_device_name() if device.type == "cuda"

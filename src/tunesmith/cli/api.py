@@ -55,11 +55,7 @@ def cmd_api(args: list[str]) -> int:
     ns = api_parser().parse_args(args)
     if ns.port < 0 or ns.port > 65535:
         raise ConfigError(f"--port {ns.port} is not a TCP port (0..65535)")
-    if min(ns.max_queue, ns.max_tokens, ns.max_batch_size) < 1 or ns.max_model_len < 0:
-        raise ConfigError("--max_queue, --max_tokens and --max_batch_size must be >= 1, "
-                          "--max_model_len >= 0")
-    if not 0 < ns.kv_cache_fraction <= 1:
-        raise ConfigError(f"--kv_cache_fraction {ns.kv_cache_fraction} must be in (0, 1]")
+    _check_limits(ns)
     setup_process()
     key = ns.api_key or api_key()
     _, _, _, backend = model_args(ns)
@@ -86,6 +82,14 @@ def cmd_api(args: list[str]) -> int:
           f"({'API key required' if key else 'no API key'})", flush=True)
     build_server(create_app(engine, settings), access_log=ns.access_log).run(sockets=[sock])
     return 0
+
+
+def _check_limits(ns: argparse.Namespace) -> None:
+    if min(ns.max_queue, ns.max_tokens, ns.max_batch_size) < 1 or ns.max_model_len < 0:
+        raise ConfigError("--max_queue, --max_tokens and --max_batch_size must be >= 1, "
+                          "--max_model_len >= 0")
+    if not 0 < ns.kv_cache_fraction <= 1:
+        raise ConfigError(f"--kv_cache_fraction {ns.kv_cache_fraction} must be in (0, 1]")
 
 
 def delegate(ns: argparse.Namespace, key: str) -> int:
