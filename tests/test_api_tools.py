@@ -15,7 +15,7 @@ import pytest
 from server_thread import running_server
 from tunesmith.infer.engine import Chunk, HFEngine
 from tunesmith.serve.app import ServerSettings, create_app
-from tunesmith.serve.tools import parse_tool_calls
+from tunesmith.serve.tools import ToolStreamSplitter, parse_tool_calls
 
 NAME = "tiny-tools"
 WEATHER = {"type": "function", "function": {
@@ -66,7 +66,7 @@ def served(tiny_llama_dir, monkeypatch):
 
 def test_tool_call_round_trip_with_the_openai_client(served):
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
-    scripted, server = served([call, "It is 18 degrees in Paris.", call])
+    scripted, server = served([call, "It is 18 degrees in Paris.", "Let me look.\n" + call])
     with server as url:
         client = openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60)
         first = client.chat.completions.create(model=NAME, messages=ASK, tools=[WEATHER],
@@ -89,6 +89,7 @@ def test_tool_call_round_trip_with_the_openai_client(served):
         chunks = list(stream)
     deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
     assert [d.function.name for d in deltas] == ["get_weather"]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "Let me look.\n"
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
@@ -139,3 +140,23 @@ def test_image_parts_reach_a_vision_engine_in_hugging_face_chat_shape():
     assert conv[0]["content"] == [{"type": "text", "text": "What is this?"},
                                   {"type": "image", "url": "u.png"}]
     assert conv[1]["content"] == "A cat."  # text-only parts stay a plain string
+
+
+def test_streamed_text_is_sent_until_a_call_may_begin():
+    def run(pieces):
+        split = ToolStreamSplitter()
+        shown = [split.add(p) for p in pieces]
+        return shown, split.finish()
+
+    shown, (tail, calls) = run(["Sunny ", "<b>warm</b> ", "<tool", '_call>{"name": "f", ',
+                                '"arguments": {}}</tool_call>'])
+    assert shown == ["Sunny ", "<b>warm</b> ", "", "", ""] and tail == ""
+    assert calls == [{"name": "f", "arguments": {}}]
+    shown, (tail, calls) = run([" {", '"name": "f", "parameters": {"x": 1}}'])
+    assert shown == [" ", ""] and calls == [{"name": "f", "arguments": {"x": 1}}]
+    shown, (tail, calls) = run(['x <b> y <tool_call>{"name": "g", "arguments": {}}'])
+    assert shown == ["x <b> y "] and [c["name"] for c in calls] == ["g"]
+    shown, (tail, calls) = run(["a [1, 2", "] b"])  # a bracket that is no call marker
+    assert "".join(shown) + tail == "a [1, 2] b" and calls == []
+    shown, (tail, calls) = run(["{not json"])
+    assert shown == [""] and (tail, calls) == ("{not json", [])

@@ -40,7 +40,8 @@ from tunesmith.serve.responses import (
     sse,
     usage_event,
 )
-from tunesmith.serve.tool_api import check_images, check_tool_choice, tool_events
+from tunesmith.serve.tool_api import check_images, check_tool_choice
+from tunesmith.serve.tools import ToolStreamSplitter, openai_tool_calls
 from tunesmith.serve.worker import GenerationWorker, QueueFull
 
 log = logging.getLogger(__name__)
@@ -167,12 +168,6 @@ class Service:
         params = self.params(req, prompts)
         prompt_tokens = sum(len(p) for p in prompts)
         items = self._open(choice_jobs(prompts, req.n, params))
-        if req.stream and meta.tools:  # a call is known only once the answer is complete
-            results = _collect(items, len(prompts) * req.n, prompt_tokens)
-            usage = bool(req.stream_options and req.stream_options.include_usage)
-            return StreamingResponse(tool_events(meta, results, prompt_tokens, usage),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             events = self._events(meta, items, prompt_tokens, usage)
@@ -195,19 +190,26 @@ class Service:
 
     async def _events(self, meta: ResponseMeta, items: AsyncIterator[tuple[int, Chunk]],
                       prompt_tokens: int, usage: bool) -> AsyncIterator[str]:
-        started: set[int] = set()
+        started: dict[int, ToolStreamSplitter] = {}  # with tools, calls are held back
         completion = 0
         try:
             async for index, chunk in items:
                 if index not in started and meta.kind == "chat":
                     yield chunk_event(meta, index, role=True, text="", with_usage=usage)
-                started.add(index)
-                if chunk.text:
-                    yield chunk_event(meta, index, text=chunk.text, with_usage=usage)
+                split = started.setdefault(index, ToolStreamSplitter())
+                text, calls = split.add(chunk.text) if meta.tools else chunk.text, []
+                if meta.tools and chunk.finish_reason is not None:
+                    tail, calls = split.finish()
+                    text += tail
+                if text:
+                    yield chunk_event(meta, index, text=text, with_usage=usage)
+                if calls:
+                    yield chunk_event(meta, index, tool_calls=openai_tool_calls(calls),
+                                      with_usage=usage)
                 if chunk.finish_reason is not None:
                     completion += chunk.completion_tokens
-                    yield chunk_event(meta, index, finish_reason=chunk.finish_reason,
-                                      with_usage=usage)
+                    yield chunk_event(meta, index, with_usage=usage, finish_reason=(
+                        "tool_calls" if calls else chunk.finish_reason))
         except Exception as exc:  # the response has started: report in the stream
             log.error("generation failed: %s", type(exc).__name__)
             yield sse(error_body(500, f"generation failed ({type(exc).__name__})"))

@@ -85,3 +85,54 @@ def openai_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
              "function": {"name": c["name"], "arguments": c["arguments"]
                           if isinstance(c["arguments"], str) else json.dumps(
                               c["arguments"], ensure_ascii=False)}} for c in calls]
+
+
+_MARKERS = ("<tool_call>", _MISTRAL)
+_OPENERS = re.compile(r"[<\[]")
+
+
+class ToolStreamSplitter:
+    """Streams one choice's text with tools offered: text that cannot begin a tool call is
+    sent at once; from a possible start of a call on (a marker, or JSON opening the answer)
+    the text is held until the answer ends, then read for calls."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.sent = 0
+        self.held = False  # a call has begun: hold everything to the end
+
+    def add(self, piece: str) -> str:
+        """Content that can be shown now."""
+        self.text += piece
+        if self.held:
+            return ""
+        if not self.text[:self.sent].strip() and self.text.lstrip()[:1] in ("{", "["):
+            self.held = True  # a JSON call as the whole answer (Llama 3 style) may follow
+            return self._send(len(self.text) - len(self.text.lstrip()))
+        start = self._possible_start()
+        if start is not None and any(self.text.startswith(m, start) for m in _MARKERS):
+            self.held = True
+        return self._send(len(self.text) if start is None else start)
+
+    def finish(self) -> tuple[str, list[dict[str, Any]]]:
+        """(remaining content, calls) once the answer is complete."""
+        rest = self.text[self.sent:]
+        self.sent = len(self.text)
+        if not rest:
+            return "", []
+        content, calls = parse_tool_calls(rest)
+        return (content, calls) if calls else (rest, [])
+
+    def _possible_start(self) -> int | None:
+        """Earliest index from `sent` where a marker begins or may still begin."""
+        for match in _OPENERS.finditer(self.text, self.sent):
+            k = match.start()
+            tail = self.text[k:]
+            if any(m.startswith(tail) or tail.startswith(m) for m in _MARKERS):
+                return k
+        return None
+
+    def _send(self, upto: int) -> str:
+        piece = self.text[self.sent:upto]
+        self.sent = max(self.sent, upto)
+        return piece
