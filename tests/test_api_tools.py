@@ -101,6 +101,10 @@ def test_forced_tool_choice_and_images_on_a_text_model_are_400(served):
             client.chat.completions.create(model=NAME, messages=ASK, tools=[WEATHER],
                                            tool_choice="required")
         assert info.value.body["param"] == "tool_choice"
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=NAME, messages=ASK, tools=[WEATHER],
+                                           parallel_tool_calls=False)
+        assert info.value.body["param"] == "parallel_tool_calls"
         image = [{"role": "user", "content": [
             {"type": "text", "text": "What is this?"},
             {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]

@@ -10,6 +10,10 @@ from tunesmith.serve.protocol import ChatCompletionRequest
 
 def check_tool_choice(req: ChatCompletionRequest) -> None:
     """tool_choice "none" | "auto" are honoured; forcing a call is refused, not ignored."""
+    if req.parallel_tool_calls is False:
+        raise APIError(400, "parallel_tool_calls: false cannot be guaranteed by this server "
+                       "(the model may answer several calls); drop it", param=
+                       "parallel_tool_calls", code="unsupported_value")
     choice = req.tool_choice
     if choice is None or choice in ("none", "auto"):
         if choice == "auto" and not req.tools:
