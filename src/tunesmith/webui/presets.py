@@ -10,10 +10,10 @@ from typing import Any
 
 PRESETS: dict[str, dict[str, Any]] = {
     # no recompute, regional compilation, padding-free packed rows
-    "fastest": {"packing": True, "torch_compile": True, "gradient_checkpointing": "false",
+    "fastest": {"packing": True, "torch_compile": "true", "gradient_checkpointing": "false",
                 "attn_implementation": "varlen", "bf16": True},
     # recomputed activations kept on the CPU, packed rows, compiled layers
-    "least_memory": {"packing": True, "torch_compile": True,
+    "least_memory": {"packing": True, "torch_compile": "true",
                      "gradient_checkpointing": "offload", "attn_implementation": "varlen",
                      "bf16": True},
 }
