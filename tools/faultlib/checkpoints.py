@@ -170,6 +170,18 @@ def corrupt_checkpoints(work: Path, count: int = 10) -> dict[str, Any]:
                    "alternately, over every file kind", "notes": notes[:5]}
 
 
+def _full_at(real: Any, k: int) -> Any:
+    """`write_part` that raises ENOSPC at its k-th call (0-based)."""
+    seen = [0]
+
+    def full(path: Path, writer: Any) -> None:
+        seen[0] += 1
+        if seen[0] - 1 == k:
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        real(path, writer)
+    return full
+
+
 def disk_full_checkpoint(work: Path, count: int = 8) -> dict[str, Any]:
     """ENOSPC inside the k-th file of a checkpoint: a StorageError naming the path and free
     space; the partial folder is gone; the previous checkpoint is the one picked."""
@@ -179,15 +191,8 @@ def disk_full_checkpoint(work: Path, count: int = 8) -> dict[str, Any]:
         out = work / f"enospc-{i}"
         model = _Model(i)
         model.save(out, 10)
-        real, seen = ckpt.write_part, [0]
-
-        def full(path: Path, writer: Any, *, _k: int = i % parts) -> None:
-            seen[0] += 1
-            if seen[0] - 1 == _k:
-                raise OSError(errno.ENOSPC, "No space left on device", str(path))
-            real(path, writer)
-
-        ckpt.write_part = full
+        real = ckpt.write_part
+        ckpt.write_part = _full_at(real, i % parts)
         try:
             model.save(out, 20)
             message = ""

@@ -34,6 +34,9 @@ def api_parser() -> argparse.ArgumentParser:
                    help="context length in tokens (0: the model's)")
     p.add_argument("--max_tokens", type=int, default=512,
                    help="completion length when a request gives no max_tokens")
+    p.add_argument("--max_request_bytes", type=int, default=10 * 2**20,
+                   help="larger request bodies are answered 413 before any parsing or "
+                        "tokenisation (default 10 MiB)")
     p.add_argument("--access_log", action="store_true", help="log one line per request "
                    "(method, path, status; never the body)")
     return p
@@ -49,9 +52,10 @@ def cmd_api(args: list[str]) -> int:
     ns = api_parser().parse_args(args)
     if ns.port < 0 or ns.port > 65535:
         raise ConfigError(f"--port {ns.port} is not a TCP port (0..65535)")
-    if min(ns.max_queue, ns.max_tokens, ns.max_batch_size) < 1 or ns.max_model_len < 0:
-        raise ConfigError("--max_queue, --max_tokens and --max_batch_size must be >= 1, "
-                          "--max_model_len >= 0")
+    if min(ns.max_queue, ns.max_tokens, ns.max_batch_size, ns.max_request_bytes) < 1 or \
+            ns.max_model_len < 0:
+        raise ConfigError("--max_queue, --max_tokens, --max_batch_size and "
+                          "--max_request_bytes must be >= 1, --max_model_len >= 0")
     setup_process()
     engine = engine_from_args(ns)
     key = ns.api_key or api_key()
@@ -59,7 +63,7 @@ def cmd_api(args: list[str]) -> int:
         model_name=ns.served_model_name or engine.name, api_key=key,
         cors_origins=[o.strip() for o in ns.cors_origins.split(",") if o.strip()],
         max_queue=ns.max_queue, max_batch=ns.max_batch_size, max_model_len=ns.max_model_len,
-        default_max_tokens=ns.max_tokens)
+        default_max_tokens=ns.max_tokens, max_request_bytes=ns.max_request_bytes)
     if not key and not is_loopback(ns.host):
         log.warning("serving on %s without an API key: anyone who can reach this address can "
                     "use the model; set API_KEY or --api_key", ns.host)

@@ -1,0 +1,92 @@
+"""The fault campaign: `python tools/faults.py --out DIR` runs every fault, writes
+faults.json and faults.md (one row per fault) into DIR.
+
+    python tools/faults.py --out docs/faults            # the full campaign (~15 min, CPU)
+    python tools/faults.py --quick --out /tmp/f         # a few of each (~2 min)
+    python tools/faults.py child PHASE K train x.yaml   # (internal) a run armed to die
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "src"), str(HERE.parent / "tests")]
+
+
+def campaign(work: Path, quick: bool) -> list[dict]:
+    from faultlib import apifuzz, checkpoints, datafuzz, diskfull, kills, locking, uploads
+
+    from tiny import build_tokenizer, save_tiny_model, write_alpaca
+
+    n = (lambda full, small: small if quick else full)  # noqa: E731
+    os.environ.setdefault("TUNESMITH_CACHE", str(work / "cache"))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tok = build_tokenizer()
+    model = save_tiny_model(work / "tiny-llama")
+    data = write_alpaca(work / "train.json", 48)
+    parts = [
+        lambda: kills.kill_campaign(work / "kills", model, data, n(20, 6)),
+        lambda: checkpoints.crash_in_checkpoint_writes(work, n(50, 23)),
+        lambda: checkpoints.corrupt_checkpoints(work, n(20, 6)),
+        lambda: checkpoints.disk_full_checkpoint(work, n(14, 7)),
+        lambda: diskfull.disk_full_cache(work, tok, n(8, 4)),
+        lambda: diskfull.disk_full_export(work, n(6, 3)),
+        lambda: diskfull.disk_full_metrics(work, n(6, 3)),
+        lambda: locking.lock_campaign(work / "locks", model, data, n(10, 4)),
+        lambda: datafuzz.data_fuzz(work / "fuzz", tok, 1000, 2000),
+        lambda: datafuzz.property_readers(n(300, 50)),
+        lambda: apifuzz.api_fuzz(n(400, 60)),
+        lambda: uploads.upload_campaign(work / "uploads"),
+    ]
+    figures = []
+    for part in parts:
+        t0 = time.perf_counter()
+        fig = part()
+        fig["seconds"] = round(time.perf_counter() - t0, 1)
+        print(f"{fig['fault']}: {fig['ok']}/{fig['count']} ({fig['seconds']} s)", flush=True)
+        figures.append(fig)
+    return figures
+
+
+def markdown(figures: list[dict], command: str) -> str:
+    lines = [f"Command: `{command}` on {platform.node()} ({os.cpu_count()} CPUs, "
+             f"{platform.platform()}), {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.", "",
+             "| fault | what was done | count | ended as it should | seconds |",
+             "|---|---|---|---|---|"]
+    for f in figures:
+        lines.append(f"| {f['fault']} | {f['how']} | {f['count']} | {f['ok']}/{f['count']} | "
+                     f"{f['seconds']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["child"]:
+        from faultlib.shim import child_main
+
+        return child_main(argv[1:])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=os.environ.get("OUT", "faults-out"))
+    parser.add_argument("--quick", action="store_true", help="a few of each fault")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="tunesmith-faults-") as work:
+        figures = campaign(Path(work), args.quick)
+    command = "python tools/faults.py " + " ".join(argv)
+    (out / "faults.json").write_text(json.dumps(figures, indent=1, default=str))
+    (out / "faults.md").write_text(markdown(figures, command))
+    bad = [f["fault"] for f in figures if f["ok"] != f["count"]]
+    print(markdown(figures, command))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
