@@ -161,7 +161,9 @@ def corrupt_checkpoints(work: Path, count: int = 10) -> dict[str, Any]:
             refused = False
         except TrainingError as exc:
             refused = victim.name in str(exc)
-        if path == out / "checkpoint-10" and passed and victim.name in passed[0] and refused:
+        auto = ckpt.pick_checkpoint(out, "auto")  # prints what it passed over
+        if (path == auto == out / "checkpoint-10" and passed and victim.name in passed[0]
+                and refused):
             good += 1
         else:
             notes.append(f"{how} {victim.name}: picked {path}, passed {passed}")
