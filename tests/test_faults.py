@@ -19,6 +19,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).parents[1] / "tools"))
 
 from faultlib import apifuzz, checkpoints, datafuzz, diskfull, uploads  # noqa: E402
+
 from tunesmith.cli.main import main as cli_main  # noqa: E402
 from tunesmith.errors import StorageError  # noqa: E402
 from tunesmith.runs import folder as runs  # noqa: E402

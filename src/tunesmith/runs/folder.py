@@ -182,6 +182,8 @@ class RunLock:
     held: bool = False
 
     def acquire(self, what: str) -> RunLock:
+        if self.path.parent.exists() and not self.path.parent.is_dir():
+            raise StorageError(f"output_dir: {str(self.path.parent)!r} is a file; give a folder")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = {"pid": os.getpid(), "started": _start_time(os.getpid()),
               "host": socket.gethostname(), "what": what}
