@@ -56,37 +56,15 @@ def disk_full_cache(work: Path, tokenizer: Any, count: int = 4) -> dict[str, Any
 
 
 def _fail_cache_write(tokenizer: Any, data: Path, where: int) -> str:
-    writer_cls = data_store.StoreWriter
-    real = {"append": writer_cls.append_arrays, "close": writer_cls.close}
+    """Prepare `data` with ENOSPC raised at step `where` of the cache write; the message."""
     import numpy as np
 
-    real_save = np.save
-
-    def append(self: Any, *a: Any) -> None:
-        real["append"](self, *a)
-        if where == 0:
-            raise _enospc(self.tmp)
-
-    def save(path: Any, *a: Any, **kw: Any) -> None:
-        if where == 1:
-            raise _enospc(path)
-        real_save(path, *a, **kw)
-
-    def close(self: Any) -> Any:
-        if where == 2:
-            self._ids.close()
-            self._trained.close()
-            raise _enospc(self.tmp / data_store.SOURCES_FILE)
-        return real["close"](self)
-
     from tunesmith.data import loading
-    real_report = loading.write_report_atomically
 
-    def report(path: Path, text: str) -> None:
-        if where == 3:
-            raise _enospc(path)
-        real_report(path, text)
-
+    writer_cls = data_store.StoreWriter
+    saved = (writer_cls.append_arrays, writer_cls.close, np.save,
+             loading.write_report_atomically)
+    append, close, save, report = _failing(saved, where)
     writer_cls.append_arrays, writer_cls.close = append, close  # type: ignore[method-assign]
     data_store.np.save, loading.write_report_atomically = save, report
     try:
@@ -95,8 +73,35 @@ def _fail_cache_write(tokenizer: Any, data: Path, where: int) -> str:
     except StorageError as exc:
         return str(exc)
     finally:
-        writer_cls.append_arrays, writer_cls.close = real["append"], real["close"]  # type: ignore[method-assign]
-        data_store.np.save, loading.write_report_atomically = real_save, real_report
+        writer_cls.append_arrays, writer_cls.close = saved[0], saved[1]  # type: ignore[method-assign]
+        data_store.np.save, loading.write_report_atomically = saved[2], saved[3]
+
+
+def _failing(real: tuple[Any, ...], where: int) -> tuple[Any, ...]:
+    """Wrappers of (append_arrays, close, np.save, write_report_atomically) raising ENOSPC
+    in the one picked by `where`."""
+    def append(self: Any, *a: Any) -> None:
+        real[0](self, *a)
+        if where == 0:
+            raise _enospc(self.tmp)
+
+    def close(self: Any) -> Any:
+        if where == 2:
+            self._ids.close()
+            self._trained.close()
+            raise _enospc(self.tmp / data_store.SOURCES_FILE)
+        return real[1](self)
+
+    def save(path: Any, *a: Any, **kw: Any) -> None:
+        if where == 1:
+            raise _enospc(path)
+        real[2](path, *a, **kw)
+
+    def report(path: Path, text: str) -> None:
+        if where == 3:
+            raise _enospc(path)
+        real[3](path, text)
+    return append, close, save, report
 
 
 def disk_full_export(work: Path, count: int = 3) -> dict[str, Any]:
