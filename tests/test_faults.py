@@ -130,3 +130,29 @@ def test_second_lock_in_one_folder_is_refused(tmp_path):
         runs.lock_run_folder(tmp_path)
     first.release()
     runs.lock_run_folder(tmp_path).release()
+
+
+def test_api_command_body_limit_flag_answers_413(tiny_llama_dir):
+    import os
+    import re
+
+    import httpx
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env.pop("API_KEY", None)
+    proc = subprocess.Popen([sys.executable, "-m", "tunesmith", "api", "--model_name_or_path",
+                             str(tiny_llama_dir), "--port", "0", "--max_request_bytes", "4096"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        line = next(x for x in proc.stdout if "serving" in x)
+        base = re.search(r"(http://127\.0\.0\.1:\d+/v1)", line).group(1)
+        body = {"model": tiny_llama_dir.name,
+                "messages": [{"role": "user", "content": "x" * 5000}]}
+        big = httpx.post(f"{base}/chat/completions", json=body, timeout=30)
+        assert big.status_code == 413 and "--max_request_bytes" in big.text
+        body["messages"][0]["content"] = "hi"
+        body["max_tokens"] = 2
+        assert httpx.post(f"{base}/chat/completions", json=body, timeout=30).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
