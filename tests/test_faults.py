@@ -9,6 +9,8 @@ body limit, hostile uploads.
 from __future__ import annotations
 
 import errno
+import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -96,8 +98,8 @@ def test_locked_output_dir_is_refused_and_stale_lock_recovered(tmp_path, tiny_ll
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a run that died holding the lock
-    (out / runs.LOCK_FILE).write_text(f'{{"pid": {dead.pid}, "started": null, '
-                                      f'"host": "{__import__("socket").gethostname()}"}}')
+    (out / runs.LOCK_FILE).write_text(json.dumps({  # start time "1": even a reused pid
+        "pid": dead.pid, "started": "1", "host": socket.gethostname()}))  # is not the holder
     assert cli_main(["train", cfg, "overwrite_output_dir=true"]) == 0
     assert f"recovered the stale lock of pid {dead.pid}" in capsys.readouterr().out
     assert not (out / runs.LOCK_FILE).exists()  # released at the end
