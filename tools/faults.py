@@ -21,7 +21,7 @@ HERE = Path(__file__).parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "src"), str(HERE.parent / "tests")]
 
 
-def campaign(work: Path, quick: bool) -> list[dict]:
+def campaign(work: Path, quick: bool, only: set[str] | None = None) -> list[dict]:
     from faultlib import apifuzz, checkpoints, datafuzz, diskfull, kills, locking, uploads
 
     from tiny import build_tokenizer, save_tiny_model, write_alpaca
@@ -46,8 +46,13 @@ def campaign(work: Path, quick: bool) -> list[dict]:
         lambda: apifuzz.api_fuzz(n(400, 60)),
         lambda: uploads.upload_campaign(work / "uploads"),
     ]
+    names = ["kills", "crashes", "corrupt", "enospc-checkpoint", "enospc-cache",
+             "enospc-export", "enospc-metrics", "lock", "data-fuzz", "reader-property",
+             "api-fuzz", "uploads"]
     figures = []
-    for part in parts:
+    for name, part in zip(names, parts, strict=True):
+        if only and name not in only:
+            continue
         t0 = time.perf_counter()
         fig = part()
         fig["seconds"] = round(time.perf_counter() - t0, 1)
@@ -108,6 +113,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=os.environ.get("OUT", "faults-out"))
     parser.add_argument("--quick", action="store_true", help="a few of each fault")
+    parser.add_argument("--only", default="", help="comma-separated parts, e.g. kills,lock")
     parser.add_argument("--render", metavar="FAULTS_JSON",
                         help="only rewrite faults.md from an earlier faults.json")
     args = parser.parse_args(argv)
@@ -119,7 +125,7 @@ def main(argv: list[str]) -> int:
         return 0
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tunesmith-faults-") as work:
-        figures = campaign(Path(work), args.quick)
+        figures = campaign(Path(work), args.quick, set(filter(None, args.only.split(","))))
     command = "python tools/faults.py " + " ".join(argv)
     (out / "faults.json").write_text(json.dumps(figures, indent=1, default=str))
     (out / "faults.md").write_text(markdown(figures, command))

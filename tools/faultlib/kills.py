@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -107,9 +108,10 @@ class KillCampaign:
         out_dir = self.work / f"run-{i}"
         cache = self.work / f"cache-{i}"
         cfg = write_train_config(self.work, self.model, self.data, out_dir)
-        delay = self.rng.uniform(0.3, 0.9) * duration if phase == "timer" else None
-        rc, _ = run_cli(["train", str(cfg)], cache, None if phase == "timer" else phase, k,
-                        kill_after=delay)
+        if phase == "timer":
+            rc = self._timer_kill(cfg, out_dir, cache, duration)
+        else:
+            rc, _ = run_cli(["train", str(cfg)], cache, phase, k)
         ckpts = sorted(p.name for p in out_dir.glob("checkpoint-*")) if out_dir.exists() else []
         rc2, log = run_cli(["train", str(cfg), "resume_from_checkpoint=auto"], cache)
         equal = rc2 == 0 and same_tensors(self.ref / "adapter_model.safetensors",
@@ -117,6 +119,19 @@ class KillCampaign:
         return {"phase": phase, "k": k, "killed": rc == -signal.SIGKILL, "checkpoints": ckpts,
                 "rerun_rc": rc2, "bitwise_equal": equal, "ok": rc == -signal.SIGKILL and equal,
                 "tail": "" if equal else log[-600:]}
+
+    def _timer_kill(self, cfg: Path, out_dir: Path, cache: Path, duration: float) -> int:
+        """SIGKILL from outside after a random share of a run's time; a run that finished
+        first (the machine got faster) is started again with half the delay."""
+        delay = self.rng.uniform(0.3, 0.9) * duration
+        for _ in range(4):
+            rc, _ = run_cli(["train", str(cfg)], cache, kill_after=delay)
+            if rc == -signal.SIGKILL:
+                break
+            shutil.rmtree(out_dir, ignore_errors=True)
+            shutil.rmtree(cache, ignore_errors=True)
+            delay /= 2
+        return rc
 
     def _export(self, i: int, k: int) -> dict[str, Any]:
         out = self.work / f"export-{i}"
@@ -142,7 +157,7 @@ def kill_campaign(work: Path, model: Path, data: Path, count: int = 20,
     good = sum(r["ok"] for r in camp.rows)
     return {"fault": "kill -9 at random points of a run", "count": count, "ok": good,
             "how": f"SIGKILL during {', '.join(phases)} (k-th event drawn at random; 'timer': "
-                   "killed from outside after a random 30-100% of a run's time); then "
+                   "killed from outside after a random 30-90% of a run's time); then "
                    "resume_from_checkpoint=auto (or the same export) again",
             "notes": [f"{r['phase']} k={r['k']}: {r['tail']}" for r in camp.rows
                       if not r["ok"]][:5], "runs": camp.rows}
