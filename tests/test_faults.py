@@ -158,3 +158,27 @@ def test_api_command_body_limit_flag_answers_413(tiny_llama_dir):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_torn_metrics_line_left_by_a_kill_is_cut_before_appending(tmp_path, caplog):
+    from tunesmith.train.metrics import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 1.0}\n{"step": 2, "lo')  # killed mid-record
+    log = MetricsLog(path)
+    log.write({"step": 3, "loss": 0.5})
+    log.close()
+    assert [json.loads(x)["step"] for x in path.read_text().splitlines()] == [1, 3]
+    assert "dropped a partial last record" in caplog.text
+
+
+def test_damaged_cache_entry_is_said_and_rebuilt(tmp_path, tiny_tokenizer, caplog):
+    from datahelp import alpaca_rows, prepare, write_jsonl
+
+    data = write_jsonl(tmp_path / "a.jsonl", alpaca_rows(8))
+    first = prepare(tiny_tokenizer, dataset=[str(data)])
+    (report,) = (tmp_path / "cache").rglob("report.json")
+    report.write_text('{"rows": 8, "bad_')  # torn
+    again = prepare(tiny_tokenizer, dataset=[str(data)])
+    assert again.report.cache_misses == 1 and len(again.train) == len(first.train) == 8
+    assert "is damaged" in caplog.text and "rebuilding" in caplog.text
