@@ -35,3 +35,8 @@ class TrainingError(TunesmithError):
 
 class ExportError(TunesmithError):
     """A model could not be exported (unsupported architecture, tokenizer or base)."""
+
+
+class StorageError(TunesmithError):
+    """A file could not be written or a folder could not be used: the disk is full, or
+    another run holds the folder. Names the path and what to do."""

@@ -34,6 +34,9 @@ def api_parser() -> argparse.ArgumentParser:
                    help="context length in tokens (0: the model's)")
     p.add_argument("--max_tokens", type=int, default=512,
                    help="completion length when a request gives no max_tokens")
+    p.add_argument("--max_request_bytes", type=int, default=10 * 2**20,
+                   help="larger request bodies are answered 413 before any parsing or "
+                        "tokenisation (default 10 MiB)")
     p.add_argument("--access_log", action="store_true", help="log one line per request "
                    "(method, path, status; never the body)")
     p.add_argument("--infer_backend", default="", help="huggingface (tunesmith's engine, "
@@ -67,7 +70,7 @@ def cmd_api(args: list[str]) -> int:
         cors_origins=[o.strip() for o in ns.cors_origins.split(",") if o.strip()],
         max_queue=ns.max_queue, max_batch=ns.max_batch_size, max_model_len=ns.max_model_len,
         default_max_tokens=ns.max_tokens, cuda_graphs=not ns.enforce_eager,
-        kv_cache_fraction=ns.kv_cache_fraction)
+        kv_cache_fraction=ns.kv_cache_fraction, max_request_bytes=ns.max_request_bytes)
     if not key and not is_loopback(ns.host):
         log.warning("serving on %s without an API key: anyone who can reach this address can "
                     "use the model; set API_KEY or --api_key", ns.host)
@@ -85,9 +88,10 @@ def cmd_api(args: list[str]) -> int:
 
 
 def _check_limits(ns: argparse.Namespace) -> None:
-    if min(ns.max_queue, ns.max_tokens, ns.max_batch_size) < 1 or ns.max_model_len < 0:
-        raise ConfigError("--max_queue, --max_tokens and --max_batch_size must be >= 1, "
-                          "--max_model_len >= 0")
+    if min(ns.max_queue, ns.max_tokens, ns.max_batch_size, ns.max_request_bytes) < 1 or \
+            ns.max_model_len < 0:
+        raise ConfigError("--max_queue, --max_tokens, --max_batch_size and "
+                          "--max_request_bytes must be >= 1, --max_model_len >= 0")
     if not 0 < ns.kv_cache_fraction <= 1:
         raise ConfigError(f"--kv_cache_fraction {ns.kv_cache_fraction} must be in (0, 1]")
 

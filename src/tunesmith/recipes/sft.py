@@ -17,7 +17,7 @@ import torch
 
 from tunesmith import __version__
 from tunesmith.adapters.setup import prepare_trainable
-from tunesmith.config.environment import cache_root
+from tunesmith.config.environment import cache_root, distributed_env
 from tunesmith.config.loader import dump_config
 from tunesmith.config.schema import Config
 from tunesmith.data.loader import LoaderOptions
@@ -52,7 +52,14 @@ from tunesmith.models.speed import (
     plan_attention,
     plan_compile,
 )
-from tunesmith.runs.folder import LOSS_PLOT_FILE, METRICS_FILE, OUTPUT_ARTIFACTS, list_checkpoints
+from tunesmith.runs.folder import (
+    LOCK_FILE,
+    LOSS_PLOT_FILE,
+    METRICS_FILE,
+    OUTPUT_ARTIFACTS,
+    list_checkpoints,
+    lock_run_folder,
+)
 from tunesmith.train.loop import Trainer
 from tunesmith.train.metrics import MetricsLog, plot_loss
 from tunesmith.train.summary import reset_lever_counts, speed_report, write_summary
@@ -65,7 +72,7 @@ def check_output_dir(cfg: Config) -> Path:
         raise ConfigError("output_dir: not set; give a folder for the tuned model, e.g. "
                           "output_dir: saves/my-run")
     out = Path(t.output_dir)
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and any(p.name != LOCK_FILE for p in out.iterdir()):
         if t.resume_from_checkpoint:
             return out
         if not t.overwrite_output_dir:
@@ -98,6 +105,18 @@ def check_output_dir_once(cfg: Config, ctx: DistContext) -> Path:
 
 
 def run_sft(cfg: Config) -> dict[str, Any]:
+    """Train under output_dir's lock (taken by the main process before anything is written
+    there), so a second run into the same folder is refused and the first stays untouched."""
+    if distributed_env()["rank"] != 0 or not cfg.training.output_dir:
+        return _run_sft(cfg)
+    lock = lock_run_folder(Path(cfg.training.output_dir), "tunesmith train")
+    try:
+        return _run_sft(cfg)
+    finally:
+        lock.release()
+
+
+def _run_sft(cfg: Config) -> dict[str, Any]:
     m, f, t = cfg.model, cfg.finetuning, cfg.training
     if not m.model_name_or_path:
         raise ConfigError("model_name_or_path: not set; e.g. smollm2-135m-instruct")

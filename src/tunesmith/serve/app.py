@@ -31,6 +31,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
 
 from tunesmith.infer.engine import Chunk, Completion, GenerationParams, HFEngine
 from tunesmith.serve.errors import APIError, error_body
+from tunesmith.serve.limits import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from tunesmith.serve.protocol import ChatCompletionRequest, CompletionRequest
 from tunesmith.serve.responses import (
     DONE,
@@ -60,6 +61,7 @@ class ServerSettings:
     default_max_tokens: int = 512
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (GPU)
     kv_cache_fraction: float = 0.85  # share of free GPU memory for the KV cache
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413, never parsed
 
 
 def parse_body(raw: bytes, model: type[T]) -> T:
@@ -306,11 +308,11 @@ def create_app(engine: HFEngine, settings: ServerSettings) -> Any:
                            f"{settings.model_name!r}", param="model", code="model_not_found")
         return service.models()["data"][0]
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: HTTPRequest) -> Any:
         return await service.chat(await request.body())
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
     async def completions(request: HTTPRequest) -> Any:
         return await service.completions(await request.body())
 
@@ -319,6 +321,13 @@ def create_app(engine: HFEngine, settings: ServerSettings) -> Any:
     app.state.service = service
     app.state.worker = worker
     return app
+
+
+def _body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """The request body in the app's OpenAPI document (the routes read raw bodies, so
+    FastAPI cannot infer it); `$defs` stay inside the schema, which is self-contained."""
+    return {"requestBody": {"required": True, "content": {
+        "application/json": {"schema": model.model_json_schema()}}}}
 
 
 def _add_error_handlers(app: Any) -> None:
@@ -347,6 +356,7 @@ def _add_middleware(app: Any, settings: ServerSettings) -> None:
 
     if settings.api_key:
         app.add_middleware(BearerAuth, api_key=settings.api_key)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_bytes)  # before auth/routes
     if settings.cors_origins:  # added last, so it is outermost and answers preflights
         from fastapi.middleware.cors import CORSMiddleware
 

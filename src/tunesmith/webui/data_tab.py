@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -11,32 +9,26 @@ import gradio as gr
 from tunesmith.config.schema import DataConfig
 from tunesmith.data.readers import FILE_SUFFIXES as DATA_FILE_SUFFIXES
 from tunesmith.data.template import builtin_template_names
-from tunesmith.errors import ConfigError, TunesmithError
+from tunesmith.errors import TunesmithError
 from tunesmith.webui.data_view import Highlighted, dataset_choices, inspect_dataset
 from tunesmith.webui.i18n import Translator
 from tunesmith.webui.runs import model_choices
-from tunesmith.webui.workspace import Workspace, check_paths, safe_file_name
+from tunesmith.webui.uploads import MAX_UPLOAD_BYTES, store_upload
+from tunesmith.webui.workspace import Workspace, check_paths
 
 SEPARATOR: Highlighted = [("\n\n──────── next sample ────────\n\n", None)]
 
 
 class DataActions:
-    def __init__(self, ws: Workspace):
-        self.ws = ws
+    def __init__(self, ws: Workspace, max_upload_bytes: int = MAX_UPLOAD_BYTES):
+        self.ws, self.max_upload_bytes = ws, max_upload_bytes
 
     def upload(self, file_path: str | None) -> tuple[str, Any]:
         """Copy an uploaded file into the data folder (plain name, data suffix only)."""
         if not file_path:
             return "", gr.skip()
         try:
-            name = safe_file_name(Path(file_path).name)
-            if Path(name).suffix.lower() not in DATA_FILE_SUFFIXES:
-                raise ConfigError(f"upload: {name!r} is not a data file; use "
-                                  f"{', '.join(DATA_FILE_SUFFIXES)}")
-            target = self.ws.inside(f"data/{name}", "upload")
-            if target.parent != self.ws.data_dir:
-                raise ConfigError(f"upload: {name!r} would leave the data folder")
-            shutil.copyfile(file_path, target)
+            name = store_upload(self.ws, file_path, self.max_upload_bytes)
         except TunesmithError as exc:
             return f"**Error**: {exc}", gr.skip()
         choice = f"{self.ws.data_dir.name}/{name}"
