@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 # CPU machines take the CPU build of torch; a machine with a GPU keeps the torch it has.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: demo test test-gpu quality bench clean venv
+.PHONY: demo test test-gpu quality bench faults clean venv
 
 venv: $(STAMP)
 
@@ -41,6 +41,10 @@ test-gpu: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/gpu_train.py --out docs/benchmarks
+
+# The whole fault campaign (~20 min on 2 CPU cores); `make test` runs its fast part.
+faults: $(STAMP)
+	$(PY) tools/faults.py --out docs/faults
 
 quality: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench tools

@@ -84,7 +84,7 @@ def test_enable_thinking_decides_where_the_empty_thought_goes(tmp_path, tiny_tok
 def test_empty_answer_is_a_bad_row_with_its_line(tmp_path, tiny_tokenizer):
     rows = [{"instruction": "Q1", "output": "A1"}, {"instruction": "Q2", "output": ""}]
     write_info(tmp_path, rows, "alpaca")
-    with pytest.raises(DataError, match=r"d\.jsonl:2.*empty answer"):
+    with pytest.raises(DataError, match=r"d\.jsonl:2.*answer is empty"):
         prepare(tiny_tokenizer, tmp_path, "qwen")
     _, data = prepare(tiny_tokenizer, tmp_path, "qwen", on_bad_row="skip")
     assert len(data.train) == 1 and len(data.report.bad_rows) == 1

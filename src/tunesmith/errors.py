@@ -25,9 +25,18 @@ class ModelError(TunesmithError):
     """A model or adapter could not be found, converted or loaded."""
 
 
+class UnsupportedModelError(ModelError):
+    """The model loads, but a fast path (e.g. the continuous batcher) cannot serve it."""
+
+
 class TrainingError(TunesmithError):
     """Training had to stop (non-finite losses, out of memory, ...)."""
 
 
 class ExportError(TunesmithError):
     """A model could not be exported (unsupported architecture, tokenizer or base)."""
+
+
+class StorageError(TunesmithError):
+    """A file could not be written or a folder could not be used: the disk is full, or
+    another run holds the folder. Names the path and what to do."""

@@ -19,6 +19,7 @@ commands:
   env                                                    versions and devices, for bug reports
   export CONFIG.yaml [key=value ...]                     merge adapters; write an HF folder or GGUF
   bench [--groups main,full,liger] [--out DIR] [--tiny]  GPU training benchmark vs HF+PEFT/Liger
+  bench --e2e [--out DIR] [--tiny] [--cases ...]        tunesmith train vs llamafactory-cli train
   webui [--work_dir DIR] [--host H] [--port P] [--auth USER:PASSWORD] [--share]   the web UI
   data inspect CONFIG.yaml|DATASET [--model M] [--template T] [key=value ...]
                                                          counts, lengths, truncation, packing, a sample
@@ -163,6 +164,10 @@ def cmd_export(args: list[str]) -> int:
 
 
 def cmd_bench(args: list[str]) -> int:
+    if "--e2e" in args:  # tunesmith train vs llamafactory-cli train, end to end
+        from tunesmith.benchmarks.e2e import main as run_e2e
+
+        return run_e2e([a for a in args if a != "--e2e"])
     from tunesmith.benchmarks.report import run_all
 
     return run_all(args)

@@ -1,5 +1,4 @@
-"""`opt`: a config field with its documentation and bounds (shared by every section
-module, so a section can live in its own file)."""
+"""`opt`: a config field with its documentation and bounds (shared by every section module)."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from tunesmith.config.fields import opt
+from tunesmith.config.speed import SpeedConfig
 from tunesmith.config.template_section import TemplateConfig
 
 FinetuningType = Literal["lora", "freeze", "full"]
@@ -21,6 +22,7 @@ ReportTo = Literal["none", "tensorboard", "wandb"]
 TruncationPolicy = Literal["truncate_prompt", "drop", "error"]
 BadRowPolicy = Literal["error", "skip"]
 CheckpointingMode = Literal["false", "true", "selective", "offload"]
+CompileMode = Literal["auto", "true", "false"]
 ExportFormat = Literal["hf", "gguf"]
 GGUFType = Literal["f16", "bf16", "q8_0"]
 ExportDevice = Literal["cpu", "auto"]
@@ -44,14 +46,17 @@ class ModelConfig:
     cache_dir: str = opt("", "Where converted models and downloads are cached "
                          "(default ~/.cache/tunesmith, or $TUNESMITH_CACHE).", advanced=True)
     attn_implementation: str = opt(
-        "sdpa", "Attention kernel: sdpa, eager, varlen (padding-free FlashAttention for packed "
-        "batches), or a name registered with transformers.", advanced=True)
+        "auto", "Attention kernel: auto (varlen FlashAttention for packed batches on a CUDA GPU, "
+        "sdpa otherwise), sdpa, eager, varlen (padding-free FlashAttention for packed batches; "
+        "a reference twin on CPU), or a name registered with transformers.", advanced=True)
     enable_liger_kernel: bool = opt(
         False, "Swap RMSNorm and SwiGLU for liger-kernel's fused kernels (needs the liger-kernel "
         "package; GPU).", advanced=True)
-    torch_compile: bool = opt(
-        False, "Compile each decoder layer with torch.compile (regional compilation: fuses "
-        "norms, RoPE, activations; first steps are slower while it compiles).", advanced=True)
+    torch_compile: CompileMode = opt(
+        "auto", "Compile each decoder layer with torch.compile (regional compilation: fuses "
+        "norms, RoPE, activations). auto: on for CUDA training of architectures known to "
+        "compile cleanly; a compile failure falls back to eager with one warning.",
+        advanced=True)
 
 
 @dataclass
@@ -274,6 +279,7 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
     template: TemplateConfig = field(default_factory=TemplateConfig)
 
     def to_flat(self) -> dict[str, Any]:
@@ -284,8 +290,7 @@ class Config:
         return flat
 
 
-SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "template")
-
+SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "speed", "template")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

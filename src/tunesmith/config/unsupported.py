@@ -8,9 +8,8 @@ from __future__ import annotations
 
 LLAMA_FACTORY_KEYS_NOT_YET_SUPPORTED: frozenset[str] = frozenset("""
 adapter_folder use_fast_tokenizer resize_vocab split_special_tokens add_tokens add_special_tokens
-new_special_tokens model_revision low_cpu_mem_usage rope_scaling flash_attn shift_attn
-mixture_of_depths use_unsloth use_unsloth_gc  moe_aux_loss_coef
-disable_gradient_checkpointing use_reentrant_gc upcast_layernorm upcast_lmhead_output
+new_special_tokens model_revision low_cpu_mem_usage rope_scaling shift_attn
+mixture_of_depths use_unsloth moe_aux_loss_coef
 train_from_scratch infer_backend offload_folder use_cache infer_dtype hf_hub_token ms_hub_token
 om_hub_token print_param_status quantization_method quantization_bit quantization_type
 double_quantization quantization_device_map image_max_pixels image_min_pixels video_max_pixels
@@ -35,6 +34,6 @@ data_seed dataloader_drop_last ddp_find_unused_parameters disable_tqdm generatio
 generation_num_beams gradient_checkpointing_kwargs greater_is_better group_by_length
 hub_model_id include_num_input_tokens_seen label_names label_smoothing_factor length_penalty
 load_best_model_at_end local_rank max_length metric_for_best_model num_beams optim optim_args
-push_to_hub remove_unused_columns run_name save_safetensors skip_special_tokens tf32
-torch_compile_backend torch_compile_mode
+push_to_hub remove_unused_columns run_name save_safetensors skip_special_tokens
+torch_compile_mode
 """.split())

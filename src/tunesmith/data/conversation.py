@@ -59,11 +59,7 @@ def check_conversation(conv: Conversation) -> str | None:
             return "a system message after the first turn"
         if prev.role == cur.role and cur.role in ("user", "assistant"):
             return f"two {cur.role!r} messages in a row (roles must alternate)"
-    for i, m in enumerate(msgs):
-        if m.role == "assistant" and not m.tool_calls and isinstance(m.content, str) \
-                and not m.content.strip():
-            return (f"empty answer (message {i + 1}, the assistant's, has no text); fill it "
-                    "or remove the row")
+    for m in msgs:
         if m.role not in ROLES:
             return f"unknown role {m.role!r}"
         if not isinstance(m.content, str):

@@ -42,6 +42,8 @@ SHAREGPT_DEFAULT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag":
 def _text(row: dict[str, Any], key: str, *, required: bool) -> str:
     value = row.get(key)
     if value is None:
+        if required and key in row:
+            raise RowError(f"column {key!r} is null, expected text")
         if required:
             raise RowError(f"missing column {key!r} (columns present: {sorted(row)})")
         return ""

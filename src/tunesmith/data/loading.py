@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from tunesmith.data.slot_renderer import SlotRenderer
 from tunesmith.data.store import IndexedSamples, SampleStore
 from tunesmith.data.template import ChatRenderer
 from tunesmith.errors import DataError
+from tunesmith.runs.storage import disk_guard
 
 log = logging.getLogger(__name__)
 MAX_SHOWN_BAD_ROWS = 20
@@ -133,29 +135,57 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
     key = dataset_cache_key([file_digest(p) for p in entry.files], tokenizer_digest(ctx.tokenizer),
                             source, settings)
     folder = dataset_cache_dir(key)
-    if (folder / REPORT_FILE).is_file() and not ctx.overwrite_cache:
-        saved = json.loads((folder / REPORT_FILE).read_text(encoding="utf-8"))
-        report.add(saved["rows"], saved["bad_rows"], EncodeStats.from_dict(saved["stats"]))
-        report.cache_hits += 1
+    cached = None if ctx.overwrite_cache else _open_cached(folder, report)
+    if cached is not None:
         log.info("dataset %s: loaded tokenised samples from cache %s", entry.name, folder)
-        return SampleStore.open(folder / "samples")
+        return cached
+    (folder / REPORT_FILE).unlink(missing_ok=True)  # the entry is incomplete until rewritten
     if renderer is None and not opts.plain_text:
         raise DataError("a chat template is needed to encode conversations")
     job = EncodeJob(entry.spec, opts, getattr(renderer, "name", ""), source, ctx.tokenizer,
                     dict(cfg.dataset_vars),
                     renderer=renderer if hasattr(renderer, "cache_key") else None)
     start = time.perf_counter()
-    result = run_pipeline(_entry_rows(entry, cfg), job, folder / "samples",
-                          workers=worker_count(cfg.preprocessing_num_workers),
-                          total_rows=_count_hint(entry, cfg), desc=f"tokenise {entry.name}",
-                          chunk_rows=cfg.preprocessing_batch_size)
+    with disk_guard(folder, "the tokenised-dataset cache", "the cache entry is left "
+                    "incomplete and is never read; it is rebuilt on the next run"):
+        result = run_pipeline(_entry_rows(entry, cfg), job, folder / "samples",
+                              workers=worker_count(cfg.preprocessing_num_workers),
+                              total_rows=_count_hint(entry, cfg), desc=f"tokenise {entry.name}",
+                              chunk_rows=cfg.preprocessing_batch_size)
+        write_report_atomically(folder / REPORT_FILE, json.dumps(
+            {"rows": result.rows, "bad_rows": result.bad_rows,
+             "stats": result.stats.to_dict()}))
     report.preprocess_s += time.perf_counter() - start
     report.cache_misses += 1
-    (folder / REPORT_FILE).write_text(json.dumps(
-        {"rows": result.rows, "bad_rows": result.bad_rows, "stats": result.stats.to_dict()}),
-        encoding="utf-8")
     report.add(result.rows, result.bad_rows, result.stats)
     return result.store
+
+
+def _open_cached(folder: Path, report: DataReport) -> SampleStore | None:
+    """The cached store of `folder` when its report (written last) is there and readable;
+    a damaged entry is said and rebuilt."""
+    if not (folder / REPORT_FILE).is_file():
+        return None
+    try:
+        saved = json.loads((folder / REPORT_FILE).read_text(encoding="utf-8"))
+        store = SampleStore.open(folder / "samples")
+        stats = EncodeStats.from_dict(saved["stats"])
+    except (OSError, ValueError, KeyError) as exc:
+        log.warning("tokenised cache %s is damaged (%s); rebuilding it", folder, exc)
+        return None
+    report.add(saved["rows"], saved["bad_rows"], stats)
+    report.cache_hits += 1
+    return store
+
+
+def write_report_atomically(path: Path, text: str) -> None:
+    """The report marks a cache entry complete, so it appears whole or not at all."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def load_conversations(entry: DatasetEntry, cfg: DataConfig, report: DataReport

@@ -28,6 +28,7 @@ from tunesmith.data.encode import EncodeOptions, EncodeStats, encode_conversatio
 from tunesmith.data.formats import CONVERTERS, FormatSpec, RowError, convert_text
 from tunesmith.data.readers import Row
 from tunesmith.data.registry import detect_format
+from tunesmith.data.rowchecks import empty_answer, media_problem, text_problem
 from tunesmith.data.store import SampleStore, StoreWriter, other_label, trained_codes
 from tunesmith.data.template import ChatRenderer
 from tunesmith.errors import DataError
@@ -119,6 +120,10 @@ def convert_row(row: Any, where: str, job: EncodeJob, bad: list[tuple[str, str]]
         bad.append((where, f"row is {type(row).__name__}, expected an object"))
         return None
     spec = job.spec
+    media = media_problem(row, where)
+    if media:
+        bad.append((where, media))
+        return None
     try:
         if job.opts.plain_text:
             conv = convert_text(row, spec)
@@ -131,7 +136,7 @@ def convert_row(row: Any, where: str, job: EncodeJob, bad: list[tuple[str, str]]
         bad.append((where, str(exc)))
         return None
     conv.source = where
-    problem = check_conversation(conv)
+    problem = check_conversation(conv) or text_problem(conv) or empty_answer(conv)
     if problem:
         bad.append((where, problem))
         return None

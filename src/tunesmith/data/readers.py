@@ -18,6 +18,7 @@ from tunesmith.errors import DataError
 
 Row = tuple[dict[str, Any] | RowError, str]  # (row or why it is unreadable, "file:line")
 FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".txt", ".arrow")
+BOM = b"\xef\xbb\xbf"
 
 
 def is_saved_dataset(path: Path) -> bool:
@@ -53,20 +54,34 @@ def read_rows(path: Path, split: str = "train") -> Iterator[Row]:
 
 
 def _read_jsonl(path: Path) -> Iterator[Row]:
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    """One object per line; a line that is not UTF-8 or not JSON is a RowError in place."""
+    with open(path, "rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            where = f"{path}:{lineno}"
+            if lineno == 1 and raw.startswith(BOM):
+                raw = raw[len(BOM):]  # a BOM opening the file is the encoding's mark, not data
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                yield RowError(f"invalid UTF-8 (byte {exc.start} of the line); re-save the "
+                               "file as UTF-8"), where
+                continue
             if not line.strip():
                 continue
+            if line.startswith("\ufeff"):
+                yield RowError("a byte-order mark inside the file (files concatenated?); "
+                               "remove it"), where
+                continue
             try:
-                yield json.loads(line), f"{path}:{lineno}"
+                yield json.loads(line), where
             except json.JSONDecodeError as exc:
-                yield RowError(f"malformed JSON line ({exc.msg} at column {exc.colno})"), \
-                    f"{path}:{lineno}"
+                yield RowError(f"malformed JSON line ({exc.msg} at column {exc.colno})"), where
 
 
 def _read_json(path: Path) -> Iterator[Row]:
     """A JSON list of objects, parsed element by element (C speed) to learn each one's line."""
-    text = path.read_text(encoding="utf-8")
+    # Undecodable bytes become lone surrogates, which the row checks report in place.
+    text = path.read_bytes().removeprefix(BOM).decode("utf-8", errors="surrogateescape")
     decoder = json.JSONDecoder()
     pos = _skip_space(text, 0)
     if text.startswith("{", pos):
@@ -104,16 +119,30 @@ def _decode_at(decoder: json.JSONDecoder, text: str, pos: int, path: Path) -> tu
 
 def _read_csv(path: Path) -> Iterator[Row]:
     """Every value is text (no type guessing turns an answer "4" into a number)."""
-    with open(path, encoding="utf-8", newline="") as fh:
+    with open(path, encoding="utf-8-sig", errors="surrogateescape", newline="") as fh:
         reader = csv.DictReader(fh)
         start = 2
-        for row in reader:
-            where = f"{path}:{start}"
-            start = reader.line_num + 1
-            if None in row:
-                yield RowError(f"{len(row[None])} more value(s) than header columns"), where
+        while True:
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:  # e.g. a field over the csv module's size limit
+                yield RowError(f"unreadable CSV row ({exc})"), f"{path}:{start}"
+                start = reader.line_num + 1
                 continue
-            yield row, where
+            yield _csv_row(row, start, reader.line_num), f"{path}:{start}"
+            start = reader.line_num + 1
+
+
+def _csv_row(row: dict[str, Any], start: int, end: int) -> dict[str, Any] | RowError:
+    if None in row:
+        return RowError(f"{len(row[None])} more value(s) than header columns")
+    missing = [k for k, v in row.items() if v is None]
+    if missing:
+        spans = f"; an unclosed quote runs from here to line {end}" if end > start else ""
+        return RowError(f"{len(missing)} value(s) missing (columns {missing}){spans}")
+    return row
 
 
 def _read_parquet(path: Path) -> Iterator[Row]:

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from tunesmith.errors import ConfigError
+from tunesmith.runs.storage import disk_guard
 
 
 def check_export_dir(export_dir: str, overwrite: bool) -> Path:
@@ -63,7 +64,9 @@ def staged_dir(out: Path) -> Iterator[Path]:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        yield tmp
+        with disk_guard(out, "the export", "the partial export was removed and "
+                        f"{out} is as it was"):
+            yield tmp
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -9,6 +9,7 @@ import torch
 
 from tunesmith.config.environment import hub_offline
 from tunesmith.errors import ModelError
+from tunesmith.kernels.attention import VARLEN_ATTENTION, register_varlen_attention
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +30,12 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> Any:
 def load_causal_lm(path: str, *, dtype: torch.dtype = torch.float32,
                    trust_remote_code: bool = False, attn_implementation: str = "sdpa",
                    device: torch.device | str = "cpu") -> torch.nn.Module:
-    """Load weights through safetensors; a folder holding only pickle weights is refused."""
+    """Load weights through safetensors; a folder holding only pickle weights is refused.
+    tunesmith's own attention functions are registered before transformers checks the name."""
     from transformers import AutoModelForCausalLM
+
+    if attn_implementation in ("varlen", VARLEN_ATTENTION):
+        attn_implementation = register_varlen_attention()
 
     try:
         model = AutoModelForCausalLM.from_pretrained(

@@ -3,10 +3,13 @@
     output_dir/.checkpoint-N.tmp/   <- everything written and fsynced here first
         trainable.safetensors  optimizer.pt  scheduler.pt  rng.pt  [adapter files]
         [deepspeed/ (ZeRO's own sharded state, written by every rank)]
+        manifest.json           <- size + sha256 of every file above
         trainer_state.json      <- written last
     rename(.checkpoint-N.tmp -> checkpoint-N)   <- atomic on POSIX
 
-Only folders named checkpoint-N holding trainer_state.json are ever picked for resuming.
+Only folders named checkpoint-N holding trainer_state.json are ever picked for resuming,
+and `resume_from_checkpoint: auto` passes over any whose files differ from the manifest.
+A full disk removes the temporary folder and ends the run with a StorageError.
 """
 
 from __future__ import annotations
@@ -23,13 +26,18 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from tunesmith.errors import TrainingError
+from tunesmith.errors import StorageError, TrainingError
 from tunesmith.runs.folder import (
+    MANIFEST_FILE,
     STATE_FILE,
     checkpoint_path,
+    checkpoint_problem,
     checkpoint_tmp,
+    latest_good_checkpoint,
     list_checkpoints,
+    manifest_text,
 )
+from tunesmith.runs.storage import disk_guard
 
 
 def capture_rng() -> dict[str, Any]:
@@ -86,19 +94,41 @@ def begin_checkpoint(output_dir: Path, step: int) -> Path:
 def finish_checkpoint(output_dir: Path, step: int, state: CheckpointState,
                       extra_writer: Any = None) -> Path:
     """Write `state` into the temporary folder, fsync, rename to checkpoint-`step`."""
-    final = checkpoint_path(output_dir, step)
     tmp = checkpoint_tmp(output_dir, step)
-    tmp.mkdir(parents=True, exist_ok=True)
-    save_file(state.weights, str(tmp / "trainable.safetensors"))
+    try:
+        with disk_guard(tmp, f"checkpoint-{step}", "the unfinished checkpoint was removed "
+                        "and the previous ones are intact"):
+            tmp.mkdir(parents=True, exist_ok=True)
+            _write_state_files(tmp, state, extra_writer)
+            return _publish(output_dir, step, tmp)
+    except StorageError:
+        shutil.rmtree(tmp, ignore_errors=True)  # frees the space it took
+        raise
+
+
+def _write_state_files(tmp: Path, state: CheckpointState, extra_writer: Any) -> None:
+    """Each file goes through `write_part` (one seam, so fault tests can crash anywhere)."""
+    write_part(tmp / "trainable.safetensors",
+               lambda p: save_file(state.weights, str(p)))
     if state.optimizer is not None:
-        torch.save(state.optimizer, tmp / "optimizer.pt")
-        torch.save(state.scheduler, tmp / "scheduler.pt")
+        write_part(tmp / "optimizer.pt", lambda p: torch.save(state.optimizer, p))
+        write_part(tmp / "scheduler.pt", lambda p: torch.save(state.scheduler, p))
         if state.scaler is not None:
-            torch.save(state.scaler, tmp / "scaler.pt")
-    torch.save({"ranks": state.rng}, tmp / "rng.pt")
-    if extra_writer is not None:
-        extra_writer(tmp)  # e.g. the PEFT adapter, so a checkpoint is usable on its own
-    _write_synced(tmp / STATE_FILE, json.dumps(state.meta, indent=2))
+            write_part(tmp / "scaler.pt", lambda p: torch.save(state.scaler, p))
+    write_part(tmp / "rng.pt", lambda p: torch.save({"ranks": state.rng}, p))
+    if extra_writer is not None:  # e.g. the PEFT adapter, so a checkpoint is usable alone
+        write_part(tmp, extra_writer)
+    write_part(tmp / MANIFEST_FILE, lambda p: _write_synced(p, manifest_text(tmp)))
+    write_part(tmp / STATE_FILE, lambda p: _write_synced(p, json.dumps(state.meta, indent=2)))
+
+
+def write_part(path: Path, writer: Any) -> None:
+    """Write one file (or, for a folder, its extra files) of a checkpoint."""
+    writer(path)
+
+
+def _publish(output_dir: Path, step: int, tmp: Path) -> Path:
+    final = checkpoint_path(output_dir, step)
     _fsync_tree(tmp)
     if final.exists():
         old = output_dir / f".checkpoint-{step}.old"
@@ -165,6 +195,27 @@ def read_checkpoint(path: Path) -> CheckpointState:
     rng = torch.load(path / "rng.pt", weights_only=True)["ranks"]
     return CheckpointState(load_file(str(path / "trainable.safetensors")), optimizer,
                            scheduler, scaler, rng, json.loads((path / STATE_FILE).read_text()))
+
+
+def pick_checkpoint(output_dir: Path, spec: str) -> Path | None:
+    """The checkpoint to resume from: `spec` itself (refused when its files differ from its
+    manifest), or for auto the newest intact one, saying which damaged ones were passed
+    over. None: auto found nothing to resume."""
+    if spec != "auto":
+        path = Path(spec)
+        problem = checkpoint_problem(path) if (path / STATE_FILE).is_file() else None
+        if problem:
+            raise TrainingError(f"resume_from_checkpoint: {str(path)!r} is damaged ({problem}); "
+                                "give an earlier checkpoint-N, or auto to take the newest "
+                                "intact one")
+        return path
+    path, passed = latest_good_checkpoint(output_dir)
+    for line in passed:
+        print(f"resume_from_checkpoint: {line}; passing over it")
+    if passed:
+        print(f"resume_from_checkpoint: using {path} instead" if path else
+              "resume_from_checkpoint: no intact checkpoint left; starting from step 0")
+    return path
 
 
 def check_weights(path: Path, weights: dict[str, torch.Tensor], trainable: list[str]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 from tunesmith.errors import ConfigError
 from tunesmith.runs.folder import read_metrics
+from tunesmith.runs.storage import disk_guard
 
 log = logging.getLogger(__name__)
 
@@ -19,17 +20,40 @@ class MetricsLog:
 
     def __init__(self, path: Path, report_to: str = "none", run_dir: Path | None = None):
         self.path = path
-        self._fh = open(path, "a", encoding="utf-8")
+        _drop_torn_tail(path)
+        self._fh = open(path, "ab")  # noqa: SIM115 (closed in close())
         self._sink = _open_sink(report_to, run_dir or path.parent)
 
     def write(self, record: dict[str, Any]) -> None:
-        self._fh.write(json.dumps(record, default=float) + "\n")
-        self._fh.flush()
+        line = (json.dumps(record, default=float) + "\n").encode("utf-8")
+        end = self._fh.tell()
+        with disk_guard(self.path, "the metrics log", "its last record was not kept"):
+            try:
+                self._fh.write(line)
+                self._fh.flush()
+            except OSError:  # a record is whole or absent: cut a partial one off again
+                self._fh.truncate(end)
+                raise
         if self._sink is not None:
             self._sink(record)
 
     def close(self) -> None:
         self._fh.close()
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """A run killed mid-write leaves a last line without its newline; appending after it
+    would glue the next record to it, so it is cut off (and said) before appending."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as fh:
+        data = fh.read()
+        if data.endswith(b"\n"):
+            return
+        keep = data.rfind(b"\n") + 1
+        fh.truncate(keep)
+    log.warning("%s: dropped a partial last record (%d bytes) left by an interrupted run",
+                path, len(data) - keep)
 
 
 def _open_sink(report_to: str, run_dir: Path):

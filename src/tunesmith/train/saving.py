@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tunesmith.distributed.context import barrier, broadcast_object, gather_objects
-from tunesmith.runs.folder import checkpoint_tmp, latest_checkpoint
+from tunesmith.errors import TrainingError
+from tunesmith.runs.folder import checkpoint_tmp
 from tunesmith.train.checkpoint import (
         CheckpointState,
         begin_checkpoint,
         capture_rng,
         check_weights,
         finish_checkpoint,
+        pick_checkpoint,
         read_checkpoint,
         restore_rng,
         rotate_checkpoints,
@@ -58,9 +60,16 @@ def save_trainer(trainer: Trainer) -> Path:
 
 
 def resume_trainer(trainer: Trainer, spec: str) -> None:
-    """Restore `trainer` from checkpoint `spec` (a path, or auto: the latest complete one)."""
-    path = latest_checkpoint(trainer.output_dir) if spec == "auto" else Path(spec)
-    path = broadcast_object(path, trainer.ctx)  # one decision for every rank
+    """Restore `trainer` from checkpoint `spec` (a path, or auto: the newest intact one)."""
+    verdict: object = None
+    if trainer.ctx.is_main:
+        try:
+            verdict = pick_checkpoint(trainer.output_dir, spec)
+        except TrainingError as exc:  # every rank stops with rank 0's reason
+            verdict = exc
+    path = broadcast_object(verdict, trainer.ctx)  # one decision for every rank
+    if isinstance(path, TrainingError):
+        raise path
     if path is None:
         log.info("resume_from_checkpoint: auto found no checkpoint; starting fresh")
         return
