@@ -99,6 +99,8 @@ class DataContext:
     seed: int = 42
     stage: str = "sft"
     overwrite_cache: bool = False
+    vision: Any = None  # media.VisionSettings of a vision-language model; None: text only
+    model_name: str = ""
 
 
 def encode_options(cfg: DataConfig, stage: str) -> EncodeOptions:
@@ -118,7 +120,8 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
     source = "" if opts.plain_text or renderer is None else renderer.source
     settings = {"spec": entry.spec.__dict__, "opts": opts.__dict__, "split": entry.split,
                 "max_samples": cfg.max_samples, "vars": cfg.dataset_vars,
-                "hub": [entry.hub_id, entry.subset]}
+                "hub": [entry.hub_id, entry.subset],
+                "vision": ctx.vision.cache_settings() if ctx.vision is not None else None}
     key = dataset_cache_key([file_digest(p) for p in entry.files], tokenizer_digest(ctx.tokenizer),
                             source, settings)
     folder = dataset_cache_dir(key)
@@ -131,7 +134,7 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
     if renderer is None and not opts.plain_text:
         raise DataError("a chat template is needed to encode conversations")
     job = EncodeJob(entry.spec, opts, getattr(renderer, "name", ""), source, ctx.tokenizer,
-                    dict(cfg.dataset_vars))
+                    dict(cfg.dataset_vars), ctx.vision, ctx.model_name)
     start = time.perf_counter()
     result = run_pipeline(_entry_rows(entry, cfg), job, folder / "samples",
                           workers=worker_count(cfg.preprocessing_num_workers),

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from tunesmith.config.environment import single_thread_tokenizers
 from tunesmith.data.conversation import Conversation, Message, check_conversation
 from tunesmith.data.encode import IGNORE_INDEX, EncodeOptions, EncodeStats, encode_conversations
-from tunesmith.data.formats import CONVERTERS, FormatSpec, RowError, convert_text
+from tunesmith.data.formats import CONVERTERS, FormatSpec, RowError, attach_media, convert_text
 from tunesmith.data.readers import Row
 from tunesmith.data.registry import detect_format
 from tunesmith.data.store import SampleStore, StoreWriter
@@ -46,6 +46,8 @@ class EncodeJob:
     template_source: str
     tokenizer: Any
     dataset_vars: dict[str, Any] = field(default_factory=dict)
+    vision: Any = None  # media.VisionSettings for a vision-language model, None: text only
+    model_name: str = ""  # for messages
 
 
 @dataclass
@@ -91,7 +93,9 @@ def encode_chunk(rows: list[Row], job: EncodeJob, renderer: ChatRenderer | None)
     bad: list[tuple[str, str]] = []
     for row, where in rows:
         conv = convert_row(row, where, job, bad)
-        if conv is not None:
+        if conv is not None and (conv.images or conv.videos) and job.vision is None:
+            bad.append((where, text_model_media_reason(conv, job.model_name)))
+        elif conv is not None:
             convs.append(conv)
     samples, sources, stats = encode_conversations(convs, renderer, job.tokenizer, job.opts)
     bad += stats.bad
@@ -103,6 +107,15 @@ def encode_chunk(rows: list[Row], job: EncodeJob, renderer: ChatRenderer | None)
     else:
         ids, trained = np.zeros(0, np.int32), np.zeros(0, np.uint8)
     return ChunkResult(ids, trained, lengths, sources, bad, stats, len(rows))
+
+
+def text_model_media_reason(conv: Conversation, model_name: str) -> str:
+    counts = ", ".join(f"{len(v)} {k}" for k, v in (("image(s)", conv.images),
+                                                      ("video(s)", conv.videos)) if v)
+    return (f"the row has {counts} but the model {model_name or ''} is text-only (no "
+            "vision tower or image processor), so they would be dropped and <image> trained "
+            "as text; use a vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) or remove "
+            "the media columns from dataset_info.json")
 
 
 def convert_row(row: Any, where: str, job: EncodeJob, bad: list[tuple[str, str]]
@@ -123,6 +136,8 @@ def convert_row(row: Any, where: str, job: EncodeJob, bad: list[tuple[str, str]]
             conv = CONVERTERS[fmt](row, FormatSpec(fmt))
         else:
             conv = CONVERTERS[spec.formatting](row, spec)
+        if not job.opts.plain_text:
+            attach_media(row, spec, conv)
     except (RowError, DataError) as exc:
         bad.append((where, str(exc)))
         return None

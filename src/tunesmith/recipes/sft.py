@@ -92,9 +92,11 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     tokenizer = load_tokenizer(model_path, trust_remote_code=m.trust_remote_code)
     template_name, template_source = load_template_source(m.template, tokenizer)
     renderer = ChatRenderer(template_name, template_source, tokenizer)
+    vision = None  # text-only model: rows with media are bad rows
     data = prepare_on_main(
         lambda: prepare_data(cfg.data, DataContext(renderer, tokenizer, t.seed, f.stage,
-                                                   t.overwrite_cache)),
+                                                   t.overwrite_cache, vision,
+                                                   m.model_name_or_path)),
         out / ".cache", "prepared-data", ctx, t.ddp_timeout)
     train_items = apply_packing(data, cfg.data)
     if ctx.is_main:
