@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -73,6 +73,7 @@ class DataReport:
                 "truncated_response": e.truncated_response, "split_texts": e.split_texts,
                 "dropped_too_long": len(e.dropped_too_long),
                 "dropped_no_trained_tokens": len(e.no_trained_tokens),
+                "dropped_vision_cut": len(e.dropped_vision_cut),
                 "trained_tokens": e.trained_tokens, "total_tokens": e.total_tokens,
                 "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
                 "preprocess_s": round(self.preprocess_s, 3), **self.packing}
@@ -116,6 +117,10 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
                         f"{ctx.stage} needs plain examples: use a preference stage or another "
                         "dataset")
     opts = encode_options(cfg, ctx.stage)
+    if ctx.vision is not None:
+        v = ctx.vision.token_ids
+        opts = replace(opts, vision_ids=(v["image"], v["video"], v["start"], v["end"]),
+                       media_ids=(v["image"], v["video"]))
     renderer = ctx.renderer
     source = "" if opts.plain_text or renderer is None else renderer.source
     settings = {"spec": entry.spec.__dict__, "opts": opts.__dict__, "split": entry.split,
@@ -287,6 +292,10 @@ def _log_losses(stats: EncodeStats) -> None:
     if stats.no_trained_tokens:
         log.warning("dropped %d sample(s) with no trained token left, first: %s",
                     len(stats.no_trained_tokens), stats.no_trained_tokens[0])
+    if stats.dropped_vision_cut:
+        log.warning("dropped %d sample(s) whose cutoff_len fell inside an image or video (raise "
+                    "cutoff_len or lower image_max_pixels), first: %s",
+                    len(stats.dropped_vision_cut), stats.dropped_vision_cut[0])
     if stats.truncated_prompt or stats.truncated_response:
         log.warning("truncated to cutoff_len: %d prompt(s), %d response(s)",
                     stats.truncated_prompt, stats.truncated_response)

@@ -30,6 +30,7 @@ from tunesmith.data.readers import Row
 from tunesmith.data.registry import detect_format
 from tunesmith.data.store import SampleStore, StoreWriter
 from tunesmith.data.template import ChatRenderer
+from tunesmith.data.vision_tokens import load_media
 from tunesmith.errors import DataError
 
 CHUNK_ROWS = 1000
@@ -59,6 +60,7 @@ class ChunkResult:
     bad_rows: list[tuple[str, str]]
     stats: EncodeStats
     rows: int
+    media: list[Any] = field(default_factory=list)  # per sample: MediaItems or None
 
 
 @dataclass
@@ -91,22 +93,32 @@ def encode_chunk(rows: list[Row], job: EncodeJob, renderer: ChatRenderer | None)
     """Convert, check and encode one chunk of rows; bad rows are returned, never raised."""
     convs: list[Conversation] = []
     bad: list[tuple[str, str]] = []
+    media: dict[str, list[Any]] = {}
     for row, where in rows:
         conv = convert_row(row, where, job, bad)
         if conv is not None and (conv.images or conv.videos) and job.vision is None:
             bad.append((where, text_model_media_reason(conv, job.model_name)))
+        elif conv is not None and job.vision is not None and not job.opts.plain_text:
+            try:
+                media[where] = load_media(conv, job.vision)
+                convs.append(conv)
+            except RowError as exc:
+                bad.append((where, str(exc)))
         elif conv is not None:
             convs.append(conv)
     samples, sources, stats = encode_conversations(convs, renderer, job.tokenizer, job.opts)
     bad += stats.bad
     stats.bad = []
+    for sample, where in zip(samples, sources, strict=True):
+        sample.media = media.get(where) or None
     lengths = np.array([len(s) for s in samples], dtype=np.int64)
     if samples:
         ids = np.concatenate([s.input_ids for s in samples])
         trained = np.concatenate([s.labels != IGNORE_INDEX for s in samples]).astype(np.uint8)
     else:
         ids, trained = np.zeros(0, np.int32), np.zeros(0, np.uint8)
-    return ChunkResult(ids, trained, lengths, sources, bad, stats, len(rows))
+    return ChunkResult(ids, trained, lengths, sources, bad, stats, len(rows),
+                       [s.media for s in samples])
 
 
 def text_model_media_reason(conv: Conversation, model_name: str) -> str:
@@ -180,7 +192,7 @@ def worker_count(requested: int) -> int:
 def run_pipeline(rows: Iterable[Row], job: EncodeJob, out: Path, *, workers: int,
                  total_rows: int | None = None, desc: str = "tokenise") -> PipelineResult:
     """Encode every row into a store at `out` (written atomically)."""
-    writer = StoreWriter(out)
+    writer = StoreWriter(out, job.vision)
     result = PipelineResult(SampleStore.from_samples([]), 0, [], EncodeStats())
     bar = tqdm(total=total_rows, desc=desc, unit="row", dynamic_ncols=True,
                disable=total_rows is not None and total_rows < PARALLEL_MIN_ROWS)
@@ -195,7 +207,8 @@ def run_pipeline(rows: Iterable[Row], job: EncodeJob, out: Path, *, workers: int
             _init_worker(job)
             results = map(_encode_chunk_in_worker, _chunks(rows, CHUNK_ROWS))
         for chunk in results:
-            writer.append_arrays(chunk.ids, chunk.trained, chunk.lengths, chunk.sources)
+            writer.append_arrays(chunk.ids, chunk.trained, chunk.lengths, chunk.sources,
+                                 chunk.media)
             result.rows += chunk.rows
             result.bad_rows += chunk.bad_rows
             result.stats.merge(chunk.stats)

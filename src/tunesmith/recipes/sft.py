@@ -16,6 +16,7 @@ import torch
 
 from tunesmith import __version__
 from tunesmith.adapters.setup import prepare_trainable
+from tunesmith.adapters.vision import VisionParts
 from tunesmith.config.loader import dump_config
 from tunesmith.config.schema import Config
 from tunesmith.data.loader import LoaderOptions
@@ -34,7 +35,9 @@ from tunesmith.models.acceleration import (
 )
 from tunesmith.models.flops import batch_flops, build_flop_model
 from tunesmith.models.loader import load_causal_lm, load_tokenizer
+from tunesmith.models.processor import is_vision_model, save_processor_files
 from tunesmith.models.provision import resolve_model_path
+from tunesmith.recipes.vision import load_vision_settings
 from tunesmith.runs.folder import LOSS_PLOT_FILE, METRICS_FILE, OUTPUT_ARTIFACTS, list_checkpoints
 from tunesmith.train.loop import Trainer
 from tunesmith.train.metrics import MetricsLog, plot_loss
@@ -92,7 +95,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     tokenizer = load_tokenizer(model_path, trust_remote_code=m.trust_remote_code)
     template_name, template_source = load_template_source(m.template, tokenizer)
     renderer = ChatRenderer(template_name, template_source, tokenizer)
-    vision = None  # text-only model: rows with media are bad rows
+    vision = load_vision_settings(model_path, tokenizer, cfg)  # None: a text-only model
     data = prepare_on_main(
         lambda: prepare_data(cfg.data, DataContext(renderer, tokenizer, t.seed, f.stage,
                                                    t.overwrite_cache, vision,
@@ -147,7 +150,8 @@ def build_model(cfg: Config, model_path: str, device: torch.device) -> torch.nn.
     model = load_causal_lm(model_path, dtype=_base_dtype(cfg, device),
                            trust_remote_code=m.trust_remote_code,
                            attn_implementation=m.attn_implementation, device=device)
-    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path)
+    parts = VisionParts.from_config(cfg.multimodal) if is_vision_model(model_path) else None
+    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path, parts)
     apply_speed_settings(model, cfg)
     return model
 
@@ -191,6 +195,8 @@ def _save_model(folder: Path, *, model: torch.nn.Module, tokenizer: Any, templat
         model.save_pretrained(str(folder), state_dict=state_dict)
     tokenizer.chat_template = template_source
     tokenizer.save_pretrained(str(folder))
+    save_processor_files(resolve_model_path(cfg.model.model_name_or_path,
+                                            cfg.model.cache_dir or None), folder)
     info = {"tunesmith_version": __version__,
             "model_name_or_path": cfg.model.model_name_or_path,
             "template": cfg.model.template or "tokenizer",
