@@ -58,3 +58,52 @@ def write_image(path: Path, size: tuple[int, int] = (60, 40), seed: int = 0) -> 
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)).save(path)
     return path
+
+
+def write_video(path: Path, frames: int = 6, size: tuple[int, int] = (64, 48), fps: int = 2
+                ) -> Path:
+    """A short MPEG-4 clip written with PyAV."""
+    import av
+
+    rng = np.random.default_rng(7)
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("mpeg4", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = size[0], size[1], "yuv420p"
+        for _ in range(frames):
+            img = rng.integers(0, 255, (size[1], size[0], 3), dtype=np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path
+
+
+MM_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user",
+           "assistant_tag": "assistant"}
+
+
+def mm_rows(video: str | list[str]) -> list[dict]:
+    """Rows in LLaMA-Factory's mllm_demo layout: two images, a video, and text only."""
+    def turn(q: str, a: str) -> list[dict]:
+        return [{"role": "user", "content": q}, {"role": "assistant", "content": a}]
+
+    return [{"messages": turn("<image>Who is this?", "A player."), "images": ["pics/a.png"]},
+            {"messages": turn("Compare <image> with <image>.", "They match."),
+             "images": ["pics/a.png", "pics/b.jpg"]},
+            {"messages": turn("<video>What happens?", "Nothing much."), "videos": [video]},
+            {"messages": turn("hello", "hi there")}]
+
+
+def write_mm_dataset(folder: Path, video: str | list[str] | None = None) -> Path:
+    """dataset_dir with dataset_info.json entry `mm`, its rows and media files."""
+    import json
+
+    write_image(folder / "pics" / "a.png", (60, 40), 0)
+    write_image(folder / "pics" / "b.jpg", (100, 80), 1)
+    frames = [str(write_image(folder / "pics" / f"f{k}.png", (56, 56), 10 + k).relative_to(folder))
+              for k in range(4)]
+    (folder / "mm.json").write_text(json.dumps(mm_rows(video or frames)), encoding="utf-8")
+    entry = {"file_name": "mm.json", "formatting": "sharegpt", "tags": MM_TAGS,
+             "columns": {"messages": "messages", "images": "images", "videos": "videos"}}
+    (folder / "dataset_info.json").write_text(json.dumps({"mm": entry}), encoding="utf-8")
+    return folder

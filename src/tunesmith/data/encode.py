@@ -114,6 +114,7 @@ def encode_conversations(convs: list[Conversation], renderer: ChatRenderer | Non
         if sample is not None and not _media_whole(sample, conv, opts):
             stats.dropped_vision_cut.append(conv.source)
         elif sample is not None:
+            sample.media = conv.extra.get("media") or None
             _keep(sample, conv.source, out, sources, stats)
     return out, sources, stats
 

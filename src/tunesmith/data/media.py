@@ -107,8 +107,10 @@ def _to_grid_size(frames: list[Any], s: VisionSettings) -> np.ndarray:
 
 
 def load_image(value: Any, s: VisionSettings) -> MediaItem:
-    img = _fit_pixels(_open_image(resolve_media(value, s)), s.image_max_pixels,
-                      s.image_min_pixels)
+    """A path from the data, or an already decoded PIL image (inference, the API)."""
+    img = value.convert("RGB") if hasattr(value, "convert") and hasattr(value, "size") \
+        else _open_image(resolve_media(value, s))
+    img = _fit_pixels(img, s.image_max_pixels, s.image_min_pixels)
     return MediaItem("image", _to_grid_size([img], s))
 
 

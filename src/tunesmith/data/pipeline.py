@@ -93,14 +93,13 @@ def encode_chunk(rows: list[Row], job: EncodeJob, renderer: ChatRenderer | None)
     """Convert, check and encode one chunk of rows; bad rows are returned, never raised."""
     convs: list[Conversation] = []
     bad: list[tuple[str, str]] = []
-    media: dict[str, list[Any]] = {}
     for row, where in rows:
         conv = convert_row(row, where, job, bad)
         if conv is not None and (conv.images or conv.videos) and job.vision is None:
             bad.append((where, text_model_media_reason(conv, job.model_name)))
         elif conv is not None and job.vision is not None and not job.opts.plain_text:
             try:
-                media[where] = load_media(conv, job.vision)
+                conv.extra["media"] = load_media(conv, job.vision)
                 convs.append(conv)
             except RowError as exc:
                 bad.append((where, str(exc)))
@@ -109,8 +108,6 @@ def encode_chunk(rows: list[Row], job: EncodeJob, renderer: ChatRenderer | None)
     samples, sources, stats = encode_conversations(convs, renderer, job.tokenizer, job.opts)
     bad += stats.bad
     stats.bad = []
-    for sample, where in zip(samples, sources, strict=True):
-        sample.media = media.get(where) or None
     lengths = np.array([len(s) for s in samples], dtype=np.int64)
     if samples:
         ids = np.concatenate([s.input_ids for s in samples])
