@@ -34,6 +34,11 @@ def api_parser() -> argparse.ArgumentParser:
                    help="context length in tokens (0: the model's)")
     p.add_argument("--max_tokens", type=int, default=512,
                    help="completion length when a request gives no max_tokens")
+    p.add_argument("--media_dir", default="",
+                   help="vision models: folder that local image paths in requests must lie in "
+                        "(empty: only data: URLs)")
+    p.add_argument("--allow_remote_media", action="store_true",
+                   help="vision models: fetch http(s) image URLs of requests")
     p.add_argument("--access_log", action="store_true", help="log one line per request "
                    "(method, path, status; never the body)")
     return p
@@ -44,6 +49,7 @@ def cmd_api(args: list[str]) -> int:
     from tunesmith.cli.setup import setup_process
     from tunesmith.config.environment import api_key
     from tunesmith.serve.app import ServerSettings, create_app
+    from tunesmith.serve.media import MediaPolicy
     from tunesmith.serve.server import bind_socket, build_server, is_loopback
 
     ns = api_parser().parse_args(args)
@@ -59,7 +65,8 @@ def cmd_api(args: list[str]) -> int:
         model_name=ns.served_model_name or engine.name, api_key=key,
         cors_origins=[o.strip() for o in ns.cors_origins.split(",") if o.strip()],
         max_queue=ns.max_queue, max_batch=ns.max_batch_size, max_model_len=ns.max_model_len,
-        default_max_tokens=ns.max_tokens)
+        default_max_tokens=ns.max_tokens,
+        media=MediaPolicy(ns.media_dir, ns.allow_remote_media))
     if not key and not is_loopback(ns.host):
         log.warning("serving on %s without an API key: anyone who can reach this address can "
                     "use the model; set API_KEY or --api_key", ns.host)

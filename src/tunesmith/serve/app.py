@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tunesmith.errors import DataError, TunesmithError
+from tunesmith.errors import ConfigError, DataError, TunesmithError
 
 try:  # the one place the server's optional dependencies are imported
     import uvicorn  # noqa: F401
@@ -30,7 +30,9 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
                          "pip install 'tunesmith[serve]'") from None
 
 from tunesmith.infer.engine import Chunk, Completion, GenerationParams, HFEngine
+from tunesmith.infer.vision import encode_vision_prompt, has_images
 from tunesmith.serve.errors import APIError, error_body
+from tunesmith.serve.media import MediaPolicy, load_request_images
 from tunesmith.serve.protocol import ChatCompletionRequest, CompletionRequest
 from tunesmith.serve.responses import (
     DONE,
@@ -56,6 +58,7 @@ class ServerSettings:
     max_batch: int = 16  # streams generated together at most
     max_model_len: int = 0  # 0: the model's max_position_embeddings
     default_max_tokens: int = 512
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # where request images may come from
 
 
 def parse_body(raw: bytes, model: type[T]) -> T:
@@ -103,12 +106,20 @@ class Service:
         if not any(m["content"].strip() for m in conv):
             raise APIError(400, "messages: every message is empty; send a user message with "
                            "some text", param="messages", code="empty_prompt")
+        extra: dict[str, Any] | None = None
         try:
-            ids = self.engine.encode_chat(conv)
-        except DataError as exc:
+            if has_images(conv):
+                conv = load_request_images(conv, self.settings.media)
+                ids, extra = encode_vision_prompt(conv, self.engine.renderer,
+                                                  self.engine.tokenizer, self.engine.vision,
+                                                  self.engine.model)
+            else:
+                ids = self.engine.encode_chat(conv)
+        except (DataError, ConfigError) as exc:
             raise APIError(400, f"messages: {exc}", param="messages",
                            code="invalid_messages") from None
-        return await self._respond(ResponseMeta("chat", self.settings.model_name), req, [ids])
+        return await self._respond(ResponseMeta("chat", self.settings.model_name), req, [ids],
+                                   extra)
 
     async def completions(self, raw: bytes) -> Any:
         req = parse_body(raw, CompletionRequest)
@@ -156,14 +167,21 @@ class Service:
             raise APIError(400, "; ".join(problems), code="invalid_value")
         return params
 
-    async def _respond(self, meta: ResponseMeta, req: Request, prompts: list[list[int]]) -> Any:
+    async def _respond(self, meta: ResponseMeta, req: Request, prompts: list[list[int]],
+                       extra: dict[str, Any] | None = None) -> Any:
+        """`extra`: a vision prompt's pixel inputs; such a request generates on its own."""
         params = self.params(req, prompts)
         prompt_tokens = sum(len(p) for p in prompts)
+        if extra is not None:
+            items = self._open(lambda: self._stream_all(prompts, req.n, params, extra))
+            if not req.stream:
+                return JSONResponse(full_body(meta, await _collect_rows(items, prompt_tokens),
+                                              prompt_tokens))
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            if req.n == 1 and len(prompts) == 1:  # may share a batch with other streams
+            if extra is None and req.n == 1 and len(prompts) == 1:  # may join a batch
                 items = _first_row(self._open_stream(prompts[0], params))
-            else:
+            elif extra is None:
                 items = self._open(lambda: self._stream_all(prompts, req.n, params))
             events = self._events(meta, items, prompt_tokens, usage)
             return StreamingResponse(events, media_type="text/event-stream",
@@ -190,15 +208,15 @@ class Service:
         except QueueFull:
             raise _busy() from None
 
-    def _stream_all(self, prompts: list[list[int]], n: int, params: GenerationParams
-                    ) -> Iterator[tuple[int, Chunk]]:
+    def _stream_all(self, prompts: list[list[int]], n: int, params: GenerationParams,
+                    extra: dict[str, Any] | None = None) -> Iterator[tuple[int, Chunk]]:
         """Runs in the worker thread: each choice streams in turn. A seed applies once, so
         a seeded request with n > 1 is reproducible and its choices still differ."""
         index = 0
         for ids in prompts:
             for _ in range(n):
                 p = params if index == 0 else dataclasses.replace(params, seed=None)
-                with contextlib.closing(self.engine.stream_ids(ids, p)) as chunks:
+                with contextlib.closing(self.engine.stream_ids(ids, p, extra)) as chunks:
                     for chunk in chunks:
                         yield index, chunk
                 index += 1
@@ -241,6 +259,18 @@ async def _collect(chunks: AsyncIterator[Chunk], prompt_tokens: int) -> Completi
         last = chunk
     return Completion("".join(pieces), last.finish_reason or "stop", prompt_tokens,
                       last.completion_tokens)
+
+
+async def _collect_rows(items: AsyncIterator[tuple[int, Chunk]], prompt_tokens: int
+                        ) -> list[Completion]:
+    """The whole text of every row of a (row, chunk) stream, in row order."""
+    pieces: dict[int, list[str]] = {}
+    last: dict[int, Chunk] = {}
+    async for index, chunk in items:
+        pieces.setdefault(index, []).append(chunk.text)
+        last[index] = chunk
+    return [Completion("".join(pieces[i]), last[i].finish_reason or "stop", prompt_tokens,
+                       last[i].completion_tokens) for i in sorted(pieces)]
 
 
 async def _first_row(chunks: AsyncIterator[Chunk]) -> AsyncIterator[tuple[int, Chunk]]:

@@ -23,17 +23,36 @@ class TextPart(_Strict):
     text: str
 
 
+class ImageURL(_Strict):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Strict):
+    """An image (vision-language models): a data: URL, an allowed local path, or a remote
+    URL when the server allows fetching."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | ImagePart] | None = None
     name: str | None = None
 
     def text(self) -> str:
+        """The text, with an <image> placeholder where each image part stands."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content)
+        return "".join(p.text if isinstance(p, TextPart) else "<image>" for p in self.content)
+
+    def image_urls(self) -> list[str]:
+        if not isinstance(self.content, list):
+            return []
+        return [p.image_url.url for p in self.content if isinstance(p, ImagePart)]
 
 
 class StreamOptions(_Strict):
@@ -89,8 +108,13 @@ class ChatCompletionRequest(_Sampling):
 
     def conversation(self) -> list[dict[str, Any]]:
         """Messages as the chat template expects them (developer -> system)."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in self.messages]
+        out: list[dict[str, Any]] = []
+        for m in self.messages:
+            msg = {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            if m.image_urls():
+                msg["images"] = m.image_urls()
+            out.append(msg)
+        return out
 
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
