@@ -101,3 +101,38 @@ def test_mrope_positions_equal_get_rope_index(tiny_vl_dir, mm_samples):
     ref, _ = model.model.get_rope_index(batch.input_ids, **kw)
     real = batch.attention_mask.bool()
     assert torch.equal(batch.mrope_position_ids[:, real], ref[:, real])
+
+
+def test_multimodal_keys_through_the_cli(tmp_path, tiny_vl_dir, monkeypatch):
+    """Packing, unfrozen tower and projector (LoRA reaches them), media_dir and the video
+    keys: each reaches the run from the YAML."""
+    import json
+
+    import yaml
+
+    from tunesmith.cli.main import main
+
+    folder = write_mm_dataset(tmp_path / "media")
+    monkeypatch.chdir(tmp_path)
+    keys = {"video_maxlen": 2, "video_fps": 1.0, "video_min_pixels": 28 * 28,
+            "video_max_pixels": 56 * 56, "image_min_pixels": 64 * 64,
+            "image_max_pixels": 80 * 80}
+    cfg = {"model_name_or_path": str(tiny_vl_dir), "dataset": str(folder / "mm.json"),
+           "media_dir": str(folder), "template": "qwen", "output_dir": "out", "max_steps": 1,
+           "neat_packing": True, "cutoff_len": 512, "save_steps": 0,
+           "freeze_vision_tower": False, "freeze_multi_modal_projector": False, **keys}
+    (tmp_path / "t.yaml").write_text(yaml.safe_dump(cfg))
+    assert main(["train", "t.yaml"]) == 0
+    data = json.loads((tmp_path / "out" / "run_summary.json").read_text())["data"]
+    assert data["packed_rows"] < data["samples"] == 4
+    from safetensors import safe_open
+
+    with safe_open(tmp_path / "out" / "adapter_model.safetensors", "pt") as f:
+        names = list(f.keys())
+    assert any("visual.blocks" in n for n in names)
+    assert any("visual.merger" in n for n in names)
+    assert any("language_model" in n for n in names)
+    tok = build_vl_tokenizer()
+    expected, _ = _prepare(tok, tiny_vl_dir, dataset=[str(folder / "mm.json")],
+                           dataset_dir=str(folder), **{})
+    assert data["total_tokens"] != expected.report.summary()["total_tokens"]  # keys changed it
