@@ -136,3 +136,15 @@ def test_multimodal_keys_through_the_cli(tmp_path, tiny_vl_dir, monkeypatch):
     expected, _ = _prepare(tok, tiny_vl_dir, dataset=[str(folder / "mm.json")],
                            dataset_dir=str(folder), **{})
     assert data["total_tokens"] != expected.report.summary()["total_tokens"]  # keys changed it
+
+
+def test_fused_module_swap_reaches_the_language_model(tiny_vl_dir, mm_samples):
+    from tunesmith.models.acceleration import apply_fused_kernels
+
+    samples, _ = mm_samples
+    model = load_causal_lm(str(tiny_vl_dir)).eval()
+    batch = collate(samples, pad_id=0)
+    before = NextTokenObjective("reference").loss_sum(model, batch)
+    assert apply_fused_kernels(model, use_liger=False) == 2 * 2 + 1 + 2  # norms, final, MLPs
+    after = NextTokenObjective("reference").loss_sum(model, batch)
+    torch.testing.assert_close(before, after, rtol=1e-5, atol=1e-5)
