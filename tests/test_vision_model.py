@@ -27,9 +27,29 @@ def mm_samples(tiny_vl_dir, tmp_path_factory):
     return sorted(samples, key=lambda s: [m.kind for m in s.media or []]), vision
 
 
-def test_loss_equals_the_models_own_forward(tiny_vl_dir, mm_samples):
-    samples, vision = mm_samples
-    model = load_causal_lm(str(tiny_vl_dir)).eval()
+@pytest.fixture(scope="module")
+def qwen3_vl(tmp_path_factory):
+    """Tiny Qwen3-VL and its image samples (its videos are refused: timestamps)."""
+    from tiny_vl import save_tiny_qwen3_vl
+
+    model_dir = save_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny-qwen3-vl"))
+    folder = write_mm_dataset(tmp_path_factory.mktemp("mm3") / "data")
+    data, vision = _prepare(build_vl_tokenizer(), model_dir, dataset=["mm"],
+                            dataset_dir=str(folder), on_bad_row="skip")
+    assert [b.reason[:20] for b in data.report.bad_rows] == ["videos for Qwen3-VL "]
+    return model_dir, [data.train[i] for i in range(len(data.train))], vision
+
+
+@pytest.fixture(params=["qwen2_vl", "qwen3_vl"])
+def arch(request, tiny_vl_dir, mm_samples):
+    if request.param == "qwen2_vl":
+        return tiny_vl_dir, *mm_samples
+    return request.getfixturevalue("qwen3_vl")
+
+
+def test_loss_equals_the_models_own_forward(arch):
+    model_dir, samples, vision = arch
+    model = load_causal_lm(str(model_dir)).eval()
     batch = collate(samples, pad_id=0)
     ours = NextTokenObjective("reference").loss_sum(model, batch) / batch.n_targets
     labels = torch.full_like(batch.input_ids, -100).view(-1)
@@ -84,13 +104,13 @@ def test_frozen_parts_follow_the_keys(tiny_vl_dir, flags, kind, expected):
     assert _trainable(model) == expected
 
 
-def test_mrope_positions_equal_get_rope_index(tiny_vl_dir, mm_samples):
+def test_mrope_positions_equal_get_rope_index(arch):
     """Exact integer positions (the loss test alone is blind to small shifts on a random
     tiny model)."""
     import inspect
 
-    samples, vision = mm_samples
-    model = load_causal_lm(str(tiny_vl_dir))
+    model_dir, samples, vision = arch
+    model = load_causal_lm(str(model_dir))
     batch = collate(samples, pad_id=0)
     image_id, video_id = vision.media_token_ids
     kw = {"image_grid_thw": batch.image_grid_thw, "video_grid_thw": batch.video_grid_thw,

@@ -107,3 +107,37 @@ def write_mm_dataset(folder: Path, video: str | list[str] | None = None) -> Path
              "columns": {"messages": "messages", "images": "images", "videos": "videos"}}
     (folder / "dataset_info.json").write_text(json.dumps({"mm": entry}), encoding="utf-8")
     return folder
+
+
+def save_tiny_qwen3_vl(folder: Path, seed: int = 0) -> Path:
+    """Tiny Qwen3-VL (patch 16, deepstack, interleaved mrope), same tokenizer."""
+    import json
+
+    from transformers import AutoModelForImageTextToText, Qwen3VLConfig
+
+    tok = build_vl_tokenizer()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    special = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                   pad_token_id=tok.pad_token_id)
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                max_position_embeddings=1024, **special,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": [2, 3, 3], "mrope_interleaved": True})
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                  patch_size=16, spatial_merge_size=2, temporal_patch_size=2,
+                  num_position_embeddings=64, deepstack_visual_indexes=[0])
+    cfg = Qwen3VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False,
+                        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                        vision_start_token_id=ids["<|vision_start|>"],
+                        vision_end_token_id=ids["<|vision_end|>"])
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(cfg, dtype=torch.float32,
+                                                    attn_implementation="sdpa")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16, "merge_size": 2,
+        "temporal_patch_size": 2, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
+        "size": {"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 16}}))
+    return folder

@@ -23,6 +23,9 @@ def load_media(conv: Conversation, s: VisionSettings) -> list[MediaItem]:
     """Decode the row's media and expand its placeholders in place; returns the items in
     the order their tokens appear in the text. Raises RowError with the reason."""
     _check_counts(conv)
+    if conv.videos and s.architecture == "qwen3_vl":
+        raise RowError("videos for Qwen3-VL are not supported yet (its per-frame timestamp "
+                       "tokens are not generated); use images, or Qwen2-VL / Qwen2.5-VL")
     images = [load_image(v, s) for v in conv.images]
     videos = [load_video(v, s) for v in conv.videos]
     queues = {IMAGE_PLACEHOLDER: list(images), VIDEO_PLACEHOLDER: list(videos)}

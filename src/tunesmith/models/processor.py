@@ -47,6 +47,7 @@ class VisionSettings:
     vision_end: str = "<|vision_end|>"
     token_ids: dict[str, int] = field(default_factory=dict)  # the four tokens' ids by name
     time_interval: float = 1.0  # mrope temporal step per video grid (Qwen2.5-VL: > 1)
+    architecture: str = "qwen2_vl"  # a key of VISION_ARCHITECTURES
 
     def cache_settings(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,7 +108,8 @@ def read_vision_settings(path: str | Path, tokenizer: Any, **keys: Any) -> Visio
     if kind == "qwen2_5_vl":  # temporal step = tokens_per_second * seconds per grid
         tps = float((config.get("vision_config") or {}).get("tokens_per_second", 2))
         interval = tps * settings.temporal_patch_size / settings.video_fps
-    return VisionSettings(**{**asdict(settings), "token_ids": ids, "time_interval": interval})
+    return VisionSettings(**{**asdict(settings), "token_ids": ids, "time_interval": interval,
+                             "architecture": kind})
 
 
 def save_processor_files(model_path: str | Path, folder: Path) -> None:
