@@ -189,7 +189,7 @@ def hf_batches(work: Path, tiny: bool, count: int) -> list:
     from tunesmith.data.loading import DataContext, prepare_data
     from tunesmith.data.template import ChatRenderer, load_template_source
     from tunesmith.models.loader import load_tokenizer
-    from tunesmith.recipes.vision import load_vision_settings
+    from tunesmith.models.processor import load_vision_settings
 
     cfg = load_config(overrides=train_config(work, "hf", 1, tiny))
     tok = load_tokenizer(str(work / "model"))

@@ -115,3 +115,13 @@ def test_media_come_back_from_the_cache(vl_tokenizer, tiny_vl_dir, tmp_path):
         for x, y in zip(a.media or [], b.media or [], strict=True):
             assert x.kind == y.kind and np.array_equal(x.frames, y.frames)
     assert json.loads(json.dumps(first.report.summary()))["samples"] == 4
+
+
+def test_data_inspect_reads_media_rows_with_a_vision_model(tiny_vl_dir, tmp_path, capsys):
+    from tunesmith.cli.main import main
+
+    folder = write_mm_dataset(tmp_path / "data")
+    rc = main(["data", "inspect", "mm", "--model", str(tiny_vl_dir), "--color", "never",
+               f"dataset_dir={folder}", "template=qwen"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "<|image_pad|>" in out

@@ -108,6 +108,7 @@ class HFEngine:
         check_adapters(adapters)
         self.device = pick_device(device)
         path = resolve_model_path(model_name_or_path, cache_dir)
+        self.model_path = path
         self.name = Path(model_name_or_path).name if adapters == [] else Path(adapters[-1]).name
         self.tokenizer = load_tokenizer(adapters[-1] if _has_tokenizer(adapters) else path,
                                         trust_remote_code=trust_remote_code)

@@ -35,9 +35,12 @@ from tunesmith.models.acceleration import (
 )
 from tunesmith.models.flops import batch_flops, build_flop_model
 from tunesmith.models.loader import load_causal_lm, load_tokenizer
-from tunesmith.models.processor import is_vision_model, save_processor_files
+from tunesmith.models.processor import (
+    is_vision_model,
+    load_vision_settings,
+    save_processor_files,
+)
 from tunesmith.models.provision import resolve_model_path
-from tunesmith.recipes.vision import load_vision_settings
 from tunesmith.runs.folder import LOSS_PLOT_FILE, METRICS_FILE, OUTPUT_ARTIFACTS, list_checkpoints
 from tunesmith.train.loop import Trainer
 from tunesmith.train.metrics import MetricsLog, plot_loss
