@@ -40,11 +40,31 @@ def qwen3_vl(tmp_path_factory):
     return model_dir, [data.train[i] for i in range(len(data.train))], vision
 
 
-@pytest.fixture(params=["qwen2_vl", "qwen3_vl"])
+@pytest.fixture(scope="module")
+def qwen2_5_vl(tmp_path_factory):
+    from tiny_vl import save_tiny_qwen2_5_vl
+
+    model_dir = save_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny-qwen2.5-vl"))
+    folder = write_mm_dataset(tmp_path_factory.mktemp("mm25") / "data")
+    data, vision = _prepare(build_vl_tokenizer(), model_dir, dataset=["mm"],
+                            dataset_dir=str(folder))
+    return model_dir, [data.train[i] for i in range(len(data.train))], vision
+
+
+@pytest.fixture(params=["qwen2_vl", "qwen2_5_vl", "qwen3_vl"])
 def arch(request, tiny_vl_dir, mm_samples):
     if request.param == "qwen2_vl":
         return tiny_vl_dir, *mm_samples
-    return request.getfixturevalue("qwen3_vl")
+    return request.getfixturevalue(request.param)
+
+
+def _seconds_per_grid(batch, vision) -> dict:
+    """Qwen2.5-VL's video time input: temporal_patch_size / video_fps seconds per grid."""
+    if vision.architecture != "qwen2_5_vl" or batch.video_grid_thw is None:
+        return {}
+    n = len(batch.video_grid_thw)
+    return {"second_per_grid_ts": torch.full((n,), vision.temporal_patch_size
+                                             / vision.video_fps)}
 
 
 def test_loss_equals_the_models_own_forward(arch):
@@ -60,7 +80,7 @@ def test_loss_equals_the_models_own_forward(arch):
                 pixel_values=batch.pixel_values, image_grid_thw=batch.image_grid_thw,
                 pixel_values_videos=batch.pixel_values_videos,
                 video_grid_thw=batch.video_grid_thw, mm_token_type_ids=types,
-                labels=labels.view_as(batch.input_ids)).loss
+                labels=labels.view_as(batch.input_ids), **_seconds_per_grid(batch, vision)).loss
     torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -118,7 +138,8 @@ def test_mrope_positions_equal_get_rope_index(arch):
     if "mm_token_type_ids" in inspect.signature(model.model.get_rope_index).parameters:
         kw["mm_token_type_ids"] = ((batch.input_ids == image_id).int()
                                    + 2 * (batch.input_ids == video_id).int())
-    ref, _ = model.model.get_rope_index(batch.input_ids, **kw)
+    ref, _ = model.model.get_rope_index(batch.input_ids, **kw,
+                                        **_seconds_per_grid(batch, vision))
     real = batch.attention_mask.bool()
     assert torch.equal(batch.mrope_position_ids[:, real], ref[:, real])
 

@@ -141,3 +141,34 @@ def save_tiny_qwen3_vl(folder: Path, seed: int = 0) -> Path:
         "temporal_patch_size": 2, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
         "size": {"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 16}}))
     return folder
+
+
+def save_tiny_qwen2_5_vl(folder: Path, seed: int = 0) -> Path:
+    """Tiny Qwen2.5-VL (window attention, temporal positions scaled by tokens_per_second)."""
+    from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+        Qwen2VLImageProcessorPil,
+    )
+
+    tok = build_vl_tokenizer()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    special = dict(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                   pad_token_id=tok.pad_token_id)
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, **special)
+    vision = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                  patch_size=14, spatial_merge_size=2, temporal_patch_size=2, window_size=56,
+                  fullatt_block_indexes=[1], tokens_per_second=4)
+    cfg = Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=False,
+                           image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+                           vision_start_token_id=ids["<|vision_start|>"],
+                           vision_end_token_id=ids["<|vision_end|>"], **special)
+    torch.manual_seed(seed)
+    model = AutoModelForImageTextToText.from_config(cfg, dtype=torch.float32,
+                                                    attn_implementation="sdpa")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 16}
+                             ).save_pretrained(folder)
+    return folder

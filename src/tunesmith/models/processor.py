@@ -107,7 +107,7 @@ def read_vision_settings(path: str | Path, tokenizer: Any, **keys: Any) -> Visio
                          "model's own tokenizer")
     interval = 1.0
     if kind == "qwen2_5_vl":  # temporal step = tokens_per_second * seconds per grid
-        tps = float((config.get("vision_config") or {}).get("tokens_per_second", 2))
+        tps = float((config.get("vision_config") or {}).get("tokens_per_second", 4))
         interval = tps * settings.temporal_patch_size / settings.video_fps
     return VisionSettings(**{**asdict(settings), "token_ids": ids, "time_interval": interval,
                              "architecture": kind})
