@@ -74,3 +74,20 @@ def test_text_model_refuses_images(tiny_llama_dir, tmp_path):
         r = httpx.post(f"{base}/chat/completions", json={"model": "t", "messages": _parts(url)},
                        timeout=60)
     assert r.status_code == 400 and "text-only" in r.json()["error"]["message"]
+
+
+def test_webui_chat_answers_with_an_uploaded_image(tiny_vl_dir, tiny_llama_dir, tmp_path):
+    from tunesmith.webui.chat_tab import ChatActions, EngineSlot
+    from tunesmith.webui.workspace import Workspace
+
+    image = write_image(tmp_path / "up.png")
+    slot = EngineSlot()
+    actions = ChatActions(Workspace(tmp_path), slot)
+    slot.engine = HFEngine(str(tiny_vl_dir), device="cpu")
+    *_, (history, _) = actions.respond("Who is this?", [], "", 0.0, 1.0, 0, 4, 1.0, 0,
+                                       str(image))
+    local = [{"role": "user", "content": "Who is this?", "images": [str(image)]}]
+    assert history[-1]["content"] == slot.engine.generate(local, GenerationParams(4, 0.0))
+    slot.engine = HFEngine(str(tiny_llama_dir), device="cpu")
+    *_, (history, _) = actions.respond("Who?", [], "", 0.0, 1.0, 0, 4, 1.0, 0, str(image))
+    assert "text-only" in history[-1]["content"]
