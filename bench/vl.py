@@ -11,7 +11,8 @@ own process, LoRA r16 on the language model's projections with the vision tower 
 projector frozen, micro-batch 4, no recompute:
 
     tunesmith           `tunesmith train <yaml>` (the CLI path a user runs)
-    tunesmith+packing   the same with neat_packing (rows of cutoff_len, per-sample mrope)
+    tunesmith+packing   the same with neat_packing and varlen attention (rows of cutoff_len,
+                        per-sample mrope, FlashAttention varlen in the language model)
     tunesmith+liger     the same with enable_liger_kernel (when liger-kernel is installed)
     hf / hf+liger       transformers + PEFT in a plain loop on the same batches (full logits,
                         the model's own loss), + liger-kernel's instance patch
@@ -154,6 +155,7 @@ def train_config(work: Path, system: str, steps: int, tiny: bool) -> dict:
             "overwrite_output_dir": True, "preprocessing_num_workers": 8,
             "dataloader_num_workers": 4 if cuda else 0, "plot_loss": False,
             "neat_packing": system == "tunesmith+packing",
+            "attn_implementation": "varlen" if system == "tunesmith+packing" else "sdpa",
             "enable_liger_kernel": system == "tunesmith+liger"}
 
 

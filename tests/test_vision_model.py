@@ -106,6 +106,24 @@ def test_packed_equals_unpacked_loss_and_gradients(tiny_vl_dir, mm_samples):
         torch.testing.assert_close(grad, grads_b[name], rtol=1e-4, atol=1e-5, msg=name)
 
 
+def test_packed_varlen_equals_unpacked(tiny_vl_dir, mm_samples):
+    """Packed rows under varlen attention (vision tower run apart, language model with the
+    rows' segments) give the unpacked loss and gradients; the tower stays bidirectional."""
+    from tunesmith.models.acceleration import use_varlen_attention
+
+    samples, _ = mm_samples
+    model = load_causal_lm(str(tiny_vl_dir))
+    model.model.visual.requires_grad_(True)
+    loss_a, grads_a = _loss_and_grads(model, collate(samples, pad_id=0))
+    use_varlen_attention(model)
+    assert model.model.visual.config._attn_implementation == "sdpa"
+    packed = collate([PackedRow(samples[:2]), PackedRow(samples[2:])], pad_id=0)
+    loss_b, grads_b = _loss_and_grads(model, packed)
+    torch.testing.assert_close(loss_a, loss_b, rtol=1e-5, atol=1e-4)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grad, grads_b[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
 def _trainable(model) -> set[str]:
     parts = VisionParts(True, True, True)
     return {parts.part_of(n) for n, p in model.named_parameters() if p.requires_grad}
@@ -161,6 +179,7 @@ def test_multimodal_keys_through_the_cli(tmp_path, tiny_vl_dir, monkeypatch):
     cfg = {"model_name_or_path": str(tiny_vl_dir), "dataset": str(folder / "mm.json"),
            "media_dir": str(folder), "template": "qwen", "output_dir": "out", "max_steps": 1,
            "neat_packing": True, "cutoff_len": 512, "save_steps": 0,
+           "attn_implementation": "varlen",
            "freeze_vision_tower": False, "freeze_multi_modal_projector": False, **keys}
     (tmp_path / "t.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["train", "t.yaml"]) == 0

@@ -58,6 +58,11 @@ def activation_offload(mode: str, device: torch.device) -> AbstractContextManage
 def use_varlen_attention(model: torch.nn.Module) -> None:
     name = register_varlen_attention()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    language = getattr(getattr(base, "model", None), "language_model", None)
+    if language is not None and hasattr(base.model, "visual"):
+        # vision-language: the (causal, packed) language model only; the vision tower keeps
+        # its own bidirectional attention
+        base = language
     if hasattr(base, "set_attn_implementation"):
         base.set_attn_implementation(name)
     else:  # older transformers

@@ -38,7 +38,9 @@ def load_causal_lm(path: str, *, dtype: torch.dtype = torch.float32,
     try:
         model = auto.from_pretrained(
             path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True,
-            attn_implementation=attn_implementation, local_files_only=hub_offline())
+            # varlen is switched on after loading (models/acceleration.use_varlen_attention)
+            attn_implementation="sdpa" if attn_implementation == "varlen"
+            else attn_implementation, local_files_only=hub_offline())
     except (OSError, ValueError) as exc:
         text = str(exc)
         hint = (" The folder may hold only .bin (pickle) weights, which tunesmith does not load; "

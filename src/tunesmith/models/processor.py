@@ -127,9 +127,10 @@ def load_vision_settings(model_path: str, tokenizer: Any, cfg: Config
     keys; None for a text-only model (whose rows with media are then bad rows)."""
     if not is_vision_model(model_path):
         return None
-    if cfg.model.attn_implementation == "varlen":
-        raise ConfigError("attn_implementation: varlen does not reach the vision tower yet; use "
-                          "sdpa for a vision-language model (packed rows use a block mask)")
+    if cfg.model.attn_implementation == "varlen" and model_type_of(model_path) == "qwen3_vl":
+        raise ConfigError("attn_implementation: varlen is not supported for Qwen3-VL yet (its "
+                          "deepstack features enter the decoder layers inside the model's own "
+                          "forward); use sdpa (packed rows then use a block mask)")
     mm = cfg.multimodal
     dirs = tuple(str(Path(d).resolve()) for d in (mm.media_dir, cfg.data.dataset_dir) if d)
     return read_vision_settings(
