@@ -11,6 +11,23 @@ import torch
 from tiny import build_tokenizer
 
 VISION_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
+
+
+def write_processor_config(folder: Path, patch: int, mean: list[float], std: list[float]) -> None:
+    """The image processor's config as transformers writes it (written directly, so it does
+    not depend on which processor classes this transformers has); small pixel bounds keep the
+    tiny tests' images at a few dozen tokens."""
+    import json
+
+    side = patch * 2
+    (folder / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor", "patch_size": patch, "merge_size": 2,
+        "temporal_patch_size": 2, "image_mean": mean, "image_std": std, "do_resize": True,
+        "do_rescale": True, "do_normalize": True, "do_convert_rgb": True, "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": side * side * 4, "longest_edge": side * side * 16}}))
 
 
 def build_vl_tokenizer():
@@ -21,9 +38,6 @@ def build_vl_tokenizer():
 
 def save_tiny_qwen2_vl(folder: Path, seed: int = 0) -> Path:
     from transformers import AutoModelForImageTextToText, Qwen2VLConfig
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
 
     tok = build_vl_tokenizer()
     ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
@@ -45,9 +59,7 @@ def save_tiny_qwen2_vl(folder: Path, seed: int = 0) -> Path:
                                                     attn_implementation="sdpa")
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
-    # small bounds keep the tiny tests' images at a few dozen tokens
-    Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 16}
-                             ).save_pretrained(folder)
+    write_processor_config(folder, patch=14, mean=CLIP_MEAN, std=CLIP_STD)
     return folder
 
 
@@ -111,8 +123,6 @@ def write_mm_dataset(folder: Path, video: str | list[str] | None = None) -> Path
 
 def save_tiny_qwen3_vl(folder: Path, seed: int = 0) -> Path:
     """Tiny Qwen3-VL (patch 16, deepstack, interleaved mrope), same tokenizer."""
-    import json
-
     from transformers import AutoModelForImageTextToText, Qwen3VLConfig
 
     tok = build_vl_tokenizer()
@@ -136,19 +146,13 @@ def save_tiny_qwen3_vl(folder: Path, seed: int = 0) -> Path:
                                                     attn_implementation="sdpa")
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
-    (folder / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Qwen2VLImageProcessor", "patch_size": 16, "merge_size": 2,
-        "temporal_patch_size": 2, "image_mean": [0.5] * 3, "image_std": [0.5] * 3,
-        "size": {"shortest_edge": 64 * 64, "longest_edge": 32 * 32 * 16}}))
+    write_processor_config(folder, patch=16, mean=[0.5] * 3, std=[0.5] * 3)
     return folder
 
 
 def save_tiny_qwen2_5_vl(folder: Path, seed: int = 0) -> Path:
     """Tiny Qwen2.5-VL (window attention, temporal positions scaled by tokens_per_second)."""
     from transformers import AutoModelForImageTextToText, Qwen2_5_VLConfig
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-        Qwen2VLImageProcessorPil,
-    )
 
     tok = build_vl_tokenizer()
     ids = {t: tok.convert_tokens_to_ids(t) for t in VISION_TOKENS}
@@ -169,6 +173,5 @@ def save_tiny_qwen2_5_vl(folder: Path, seed: int = 0) -> Path:
                                                     attn_implementation="sdpa")
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
-    Qwen2VLImageProcessorPil(size={"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 16}
-                             ).save_pretrained(folder)
+    write_processor_config(folder, patch=14, mean=CLIP_MEAN, std=CLIP_STD)
     return folder
