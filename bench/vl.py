@@ -19,8 +19,9 @@ projector frozen, micro-batch 4, no recompute:
 
 Steady-state tokens/s counts real (non-pad) tokens, vision tokens included, as the peers
 recipe (/work/shared/peers, PEERS_LF_STAGE=mm) does for LLaMA-Factory. Writes results.json
-and results.md to --out (default $OUT or ./bench-out). On one H200 the whole run (build the
-model once, then five systems of 30 steps) takes about 8-10 minutes; --systems runs a subset.
+and results.md to --out (default $OUT or ./bench-out). On one H200 building the model takes
+a few minutes and each system about one to two (24 steps); --systems runs a subset, so the
+five systems can be split over calls of at most 10 minutes.
 """
 
 from __future__ import annotations
@@ -184,8 +185,9 @@ def run_tunesmith(work: Path, system: str, steps: int, warmup: int, tiny: bool) 
             "final_loss": json.loads((out / "run_summary.json").read_text())["final_loss"]}
 
 
-def hf_batches(work: Path, tiny: bool, count: int) -> list:
-    """The same samples tunesmith trains on, collated 4 per batch (padded, unpacked)."""
+def hf_batches(work: Path, tiny: bool, count: int):
+    """The same samples tunesmith trains on, collated 4 per batch (padded, unpacked) as the
+    loop asks for them, so collation (patchify) is inside the timed region as for tunesmith."""
     from tunesmith.config import load_config
     from tunesmith.data.batching import collate
     from tunesmith.data.loading import DataContext, prepare_data
@@ -199,8 +201,8 @@ def hf_batches(work: Path, tiny: bool, count: int) -> list:
     vision = load_vision_settings(str(work / "model"), tok, cfg)
     data = prepare_data(cfg.data, DataContext(ChatRenderer(name, source, tok), tok, 42, "sft",
                                               False, vision, "bench"))
-    return [collate([data.train[(4 * b + k) % len(data.train)] for k in range(4)],
-                    tok.pad_token_id) for b in range(count)]
+    return (collate([data.train[(4 * b + k) % len(data.train)] for k in range(4)],
+                    tok.pad_token_id) for b in range(count))
 
 
 def hf_model(work: Path, liger: bool, device: str):
@@ -239,10 +241,12 @@ def run_hf(work: Path, system: str, steps: int, warmup: int, tiny: bool) -> dict
         inputs = {k: getattr(b, k) for k in ("pixel_values", "image_grid_thw",
                                               "pixel_values_videos", "video_grid_thw")
                   if getattr(b, k) is not None}
+        types = mm_types(model, b)
+        if types is not None:
+            inputs["mm_token_type_ids"] = types
         with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):
             loss = model(input_ids=b.input_ids, attention_mask=b.attention_mask,
-                         mm_token_type_ids=mm_types(model, b), labels=labels.view_as(b.input_ids),
-                         **inputs).loss
+                         labels=labels.view_as(b.input_ids), **inputs).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -331,9 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     p.add_argument("--result", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    args.steps = args.steps or (4 if args.tiny else 30)
+    args.steps = args.steps or (4 if args.tiny else 24)
     args.warmup = args.warmup or (1 if args.tiny else 6)
-    args.samples = args.samples or (24 if args.tiny else 800)
+    args.samples = args.samples or (24 if args.tiny else 400)
     if args.worker:
         run_worker(args)
         return 0
