@@ -258,6 +258,10 @@ class EvalConfig:
                                     minimum=0, exclusive_min=True)
 
 
+# A section in its own module; imported here, after `opt`, which that module uses.
+from tunesmith.config.multimodal import MultimodalConfig  # noqa: E402
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -267,6 +271,7 @@ class Config:
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     speed: SpeedConfig = field(default_factory=SpeedConfig)
+    multimodal: MultimodalConfig = field(default_factory=MultimodalConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -276,7 +281,8 @@ class Config:
         return flat
 
 
-SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "speed")
+SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "speed",
+            "multimodal")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

@@ -17,6 +17,7 @@ import torch
 
 from tunesmith import __version__
 from tunesmith.adapters.setup import prepare_trainable
+from tunesmith.adapters.vision import VisionParts
 from tunesmith.config.environment import cache_root, distributed_env
 from tunesmith.config.loader import dump_config
 from tunesmith.config.schema import Config
@@ -44,6 +45,11 @@ from tunesmith.models.compile_cache import (
 )
 from tunesmith.models.flops import batch_flops, build_flop_model
 from tunesmith.models.loader import load_causal_lm, load_tokenizer
+from tunesmith.models.processor import (
+    is_vision_model,
+    load_vision_settings,
+    save_processor_files,
+)
 from tunesmith.models.provision import resolve_model_path
 from tunesmith.models.speed import (
     CompileGuard,
@@ -130,9 +136,11 @@ def _run_sft(cfg: Config) -> dict[str, Any]:
     tokenizer = load_tokenizer(model_path, trust_remote_code=m.trust_remote_code)
     template_name, template_source = load_template_source(m.template, tokenizer)
     renderer = ChatRenderer(template_name, template_source, tokenizer)
+    vision = load_vision_settings(model_path, tokenizer, cfg)  # None: a text-only model
     data = prepare_on_main(
         lambda: prepare_data(cfg.data, DataContext(renderer, tokenizer, t.seed, f.stage,
-                                                   t.overwrite_cache)),
+                                                   t.overwrite_cache, vision,
+                                                   m.model_name_or_path)),
         out / ".cache", "prepared-data", ctx, t.ddp_timeout)
     train_items = apply_packing(data, cfg.data)
     if ctx.is_main:
@@ -191,7 +199,8 @@ def build_model(cfg: Config, model_path: str, device: torch.device
     model = load_causal_lm(model_path, dtype=_base_dtype(cfg, device),
                            trust_remote_code=m.trust_remote_code,
                            attn_implementation=plan.attention, device=device)
-    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path)
+    parts = VisionParts.from_config(cfg.multimodal) if is_vision_model(model_path) else None
+    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path, parts)
     plan_compile(plan, cfg, device, getattr(model.config, "model_type", ""))
     apply_speed_settings(model, cfg, plan)
     return model, plan
@@ -256,6 +265,8 @@ def _save_model(folder: Path, *, model: torch.nn.Module, tokenizer: Any, templat
         model.save_pretrained(str(folder), state_dict=state_dict)
     tokenizer.chat_template = template_source
     tokenizer.save_pretrained(str(folder))
+    save_processor_files(resolve_model_path(cfg.model.model_name_or_path,
+                                            cfg.model.cache_dir or None), folder)
     info = {"tunesmith_version": __version__,
             "model_name_or_path": cfg.model.model_name_or_path,
             "template": cfg.model.template or "tokenizer",
