@@ -73,7 +73,7 @@ def test_text_model_refuses_images(tiny_llama_dir, tmp_path):
     with running_server(create_app(HFEngine(str(tiny_llama_dir)), ServerSettings("t"))) as base:
         r = httpx.post(f"{base}/chat/completions", json={"model": "t", "messages": _parts(url)},
                        timeout=60)
-    assert r.status_code == 400 and "text-only" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "reads text only" in r.json()["error"]["message"]
 
 
 def test_webui_chat_answers_with_an_uploaded_image(tiny_vl_dir, tiny_llama_dir, tmp_path):
