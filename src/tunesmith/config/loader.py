@@ -20,6 +20,7 @@ from tunesmith.config.schema import (
     field_index,
     field_kind,
 )
+from tunesmith.config.refused import REFUSED_KEYS, refused_message
 from tunesmith.config.unsupported import LLAMA_FACTORY_KEYS_NOT_YET_SUPPORTED
 from tunesmith.errors import ConfigError
 
@@ -124,6 +125,8 @@ def build_config(raw: RawConfig) -> Config:
 
 
 def _unknown_key_message(key: str, where: str, index: dict) -> str:
+    if key in REFUSED_KEYS:
+        return refused_message(key, where)
     if key in LLAMA_FACTORY_KEYS_NOT_YET_SUPPORTED:
         return (f"{key}: this LLaMA-Factory key is not supported by tunesmith yet (from {where});"
                 " remove it, or watch the changelog for it")
