@@ -14,13 +14,13 @@ from typing import Any
 
 import yaml
 
+from tunesmith.config.refused import REFUSED_KEYS, refused_message
 from tunesmith.config.schema import (
     Config,
     field_choices,
     field_index,
     field_kind,
 )
-from tunesmith.config.refused import REFUSED_KEYS, refused_message
 from tunesmith.config.unsupported import LLAMA_FACTORY_KEYS_NOT_YET_SUPPORTED
 from tunesmith.errors import ConfigError
 
