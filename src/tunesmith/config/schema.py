@@ -11,7 +11,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
-FinetuningType = Literal["lora", "freeze", "full"]
+from tunesmith.config.fields import opt
+from tunesmith.config.method_keys import MethodConfig
+from tunesmith.config.optim_keys import OptimConfig
+from tunesmith.config.run_keys import RunConfig
+
+FinetuningType = Literal["lora", "oft", "freeze", "full"]
 Stage = Literal["sft", "pt"]
 Scheduler = Literal["linear", "cosine", "constant", "constant_with_warmup"]
 ReportTo = Literal["none", "tensorboard", "wandb"]
@@ -23,17 +28,6 @@ GGUFType = Literal["f16", "bf16", "q8_0"]
 ExportDevice = Literal["cpu", "auto"]
 EvalLang = Literal["en", "zh"]
 MixStrategy = Literal["concat", "interleave_under", "interleave_over"]
-
-
-def opt(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
-        exclusive_min: bool = False, choices: tuple[str, ...] | None = None,
-        advanced: bool = False) -> Any:
-    """A config field with its documentation and bounds."""
-    meta = {"help": help, "minimum": minimum, "maximum": maximum,
-            "exclusive_min": exclusive_min, "choices": choices, "advanced": advanced}
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -270,6 +264,9 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)  # LLaMA-Factory keys (issue 15)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    run: RunConfig = field(default_factory=RunConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -279,7 +276,8 @@ class Config:
         return flat
 
 
-SECTIONS = ("model", "data", "finetuning", "training", "export", "eval")
+SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "optim", "method",
+            "run")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

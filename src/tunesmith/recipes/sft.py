@@ -16,6 +16,7 @@ import torch
 
 from tunesmith import __version__
 from tunesmith.adapters.setup import prepare_trainable
+from tunesmith.adapters.variants import save_pissa_converted, save_pissa_init
 from tunesmith.config.loader import dump_config
 from tunesmith.config.schema import Config
 from tunesmith.data.loader import LoaderOptions
@@ -33,11 +34,20 @@ from tunesmith.models.acceleration import (
     use_varlen_attention,
 )
 from tunesmith.models.flops import batch_flops, build_flop_model
+from tunesmith.models.fp8 import convert_to_fp8
 from tunesmith.models.loader import load_causal_lm, load_tokenizer
 from tunesmith.models.provision import resolve_model_path
 from tunesmith.runs.folder import LOSS_PLOT_FILE, METRICS_FILE, OUTPUT_ARTIFACTS, list_checkpoints
 from tunesmith.train.loop import Trainer
 from tunesmith.train.metrics import MetricsLog, plot_loss
+from tunesmith.train.run_setup import (
+    check_run_keys,
+    check_wrap_class,
+    load_options,
+    log_param_status,
+    master_dtype,
+    token_loss,
+)
 from tunesmith.train.summary import write_summary
 
 log = logging.getLogger(__name__)
@@ -84,12 +94,14 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     m, f, t = cfg.model, cfg.finetuning, cfg.training
     if not m.model_name_or_path:
         raise ConfigError("model_name_or_path: not set; e.g. smollm2-135m-instruct")
+    check_run_keys(cfg)
     offload = bool(t.fsdp) and fsdp_settings(t).cpu_offload
     ctx = init_distributed(t.device, t.ddp_backend, t.ddp_timeout, cpu_offload=offload)
     out = check_output_dir_once(cfg, ctx)
     device = ctx.device
     model_path = resolve_model_path(m.model_name_or_path, m.cache_dir or None)
-    tokenizer = load_tokenizer(model_path, trust_remote_code=m.trust_remote_code)
+    tokenizer = load_tokenizer(model_path, trust_remote_code=m.trust_remote_code,
+                               opts=load_options(cfg))
     template_name, template_source = load_template_source(m.template, tokenizer)
     renderer = ChatRenderer(template_name, template_source, tokenizer)
     data = prepare_on_main(
@@ -106,17 +118,22 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     flop_model = build_flop_model(model, full=f.finetuning_type == "full")
     save_artifacts = partial(_save_model, model=model, tokenizer=tokenizer,
                              template_source=template_source, cfg=cfg)
-    metrics = MetricsLog(out / METRICS_FILE, t.report_to, out) if ctx.is_main else None
-    lora = f.finetuning_type == "lora"
+    metrics = (MetricsLog(out / METRICS_FILE, t.report_to, out, cfg.run.logging_dir,
+                          cfg.run.run_name) if ctx.is_main else None)
+    lora = f.finetuning_type in ("lora", "oft")  # an adapter is the output
     d = cfg.data
     loader = LoaderOptions(d.batch_tokens, d.dataloader_num_workers, d.dataloader_pin_memory,
                            d.dataloader_prefetch_factor, d.dataloader_persistent_workers)
-    trainer = Trainer(model, NextTokenObjective(t.loss_impl, t.loss_chunk_size), train_items,
+    objective = NextTokenObjective(t.loss_impl, t.loss_chunk_size, token_loss(cfg))
+    trainer = Trainer(model, objective, train_items,
                       data.val, t, pad_id=tokenizer.pad_token_id, device=device,
                       output_dir=out, metrics=metrics,
                       checkpoint_extra=save_artifacts if lora else None,
                       flops_per_token=partial(batch_flops, flop_model),
-                      strategy=build_strategy(t, ctx), loader=loader)
+                      strategy=build_strategy(t, ctx), loader=loader, optim=cfg.optim,
+                      run=cfg.run)
+    if cfg.method.pissa_convert and ctx.is_main and not t.resume_from_checkpoint:
+        save_pissa_init(model, out)
     if t.resume_from_checkpoint:
         trainer.resume(t.resume_from_checkpoint)
     try:
@@ -133,6 +150,8 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     if ctx.is_main:
         save_artifacts(out, state_dict=gathered)
+        if cfg.method.pissa_convert:
+            save_pissa_converted(model, out)
         summary = write_summary(out, cfg, result, data.report, device)
     barrier(ctx)
     return summary
@@ -144,9 +163,16 @@ def build_model(cfg: Config, model_path: str, device: torch.device) -> torch.nn.
     torch.manual_seed(t.seed)
     model = load_causal_lm(model_path, dtype=_base_dtype(cfg, device),
                            trust_remote_code=m.trust_remote_code,
-                           attn_implementation=m.attn_implementation, device=device)
-    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path)
+                           attn_implementation=m.attn_implementation, device=device,
+                           opts=load_options(cfg))
+    check_wrap_class(model, cfg)
+    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path, cfg.method,
+                              master_dtype(cfg, device))
+    if cfg.method.fp8:
+        convert_to_fp8(model, device, cfg.method.fp8_enable_fsdp_float8_all_gather)
     apply_speed_settings(model, cfg)
+    if cfg.run.print_param_status:
+        log_param_status(model)
     return model
 
 
@@ -169,6 +195,8 @@ def apply_speed_settings(model: torch.nn.Module, cfg: Config) -> None:
 def _base_dtype(cfg: Config, device: torch.device) -> torch.dtype:
     if device.type != "cuda":
         return torch.float32
+    if cfg.method.pure_bf16:
+        return torch.bfloat16
     frozen_base = cfg.finetuning.finetuning_type != "full"
     if frozen_base and cfg.training.bf16:
         return torch.bfloat16

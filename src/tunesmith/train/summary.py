@@ -38,6 +38,7 @@ def write_summary(out: Path, cfg: Config, result: Any, report: Any, device: torc
     data = report.summary()
     s = result.state
     summary = {
+        "run_name": cfg.run.run_name or out.name,
         "steps": s.step, "total_steps": result.total_steps,
         "final_loss": s.last_loss, "eval_loss": result.eval_loss,
         "skipped_nonfinite_steps": s.nonfinite_total,

@@ -1,0 +1,51 @@
+"""When the loop logs and saves, and which samples each epoch takes: the HF Trainer keys
+logging_first_step, save_strategy, data_seed and dataloader_drop_last."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tunesmith.config.run_keys import RunConfig
+from tunesmith.config.schema import TrainingConfig
+from tunesmith.data.batching import epoch_batches
+from tunesmith.errors import ConfigError
+
+if TYPE_CHECKING:
+    from tunesmith.train.loop import Trainer
+
+
+def epoch_plan(trainer: Trainer, epoch: int) -> list[list[int]]:
+    """Micro-batches of an epoch: a pure function of (data seed, epoch). `data_seed` orders
+    the data apart from `seed`; `dataloader_drop_last` drops a short last micro-batch."""
+    run, cfg = trainer.run_cfg, trainer.cfg
+    seed = run.data_seed if run.data_seed >= 0 else cfg.seed
+    tokens = trainer.loader.batch_tokens
+    plan = epoch_batches(len(trainer.train), trainer.bs, epoch, seed,
+                         getattr(trainer.train, "lengths", None), tokens)
+    if not run.dataloader_drop_last:
+        return plan
+    if tokens:
+        raise ConfigError("dataloader_drop_last: micro-batches formed by batch_tokens have no "
+                          "fixed size to fall short of; set one of the two")
+    plan = [b for b in plan if len(b) == trainer.bs]
+    if not plan:
+        raise ConfigError(f"dataloader_drop_last: the {len(trainer.train)} training samples "
+                          f"fill no micro-batch of {trainer.bs}; lower "
+                          "per_device_train_batch_size or set dataloader_drop_last: false")
+    return plan
+
+
+def log_due(step: int, cfg: TrainingConfig, run: RunConfig, total: int) -> bool:
+    return step % cfg.logging_steps == 0 or step == total or (run.logging_first_step
+                                                              and step == 1)
+
+
+def save_due(trainer: Trainer, start_epoch: int) -> bool:
+    """A checkpoint after this step? save_strategy: steps (every save_steps), epoch (when
+    the step finished an epoch), no."""
+    strategy, s = trainer.run_cfg.save_strategy, trainer.state
+    if strategy == "epoch":
+        return s.epoch != start_epoch
+    if strategy == "steps":
+        return bool(trainer.cfg.save_steps) and s.step % trainer.cfg.save_steps == 0
+    return False
