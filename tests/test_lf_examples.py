@@ -4,8 +4,8 @@ the model and paths), and the reason given for each it refuses."""
 from __future__ import annotations
 
 import pytest
-from lf_examples import EXAMPLES, example_files, substituted
 
+from lf_examples import EXAMPLES, example_files, substituted
 from tunesmith.config.loader import build_config
 from tunesmith.errors import ConfigError
 
