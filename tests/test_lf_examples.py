@@ -70,3 +70,32 @@ def test_refused_keys_name_their_reason(key, value, reason):
     with pytest.raises(ConfigError, match=reason) as info:
         build_config({key: (value, "cfg.yaml:3")})
     assert "cfg.yaml:3" in str(info.value) and "refused" in str(info.value)
+
+
+def test_key_table_is_current():
+    """docs/llamafactory_keys.md is generated from the schema: implementing or refusing a
+    key without regenerating it fails here (python tools/lf_keys_table.py)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    done = subprocess.run([sys.executable, "tools/lf_keys_table.py", "--check"], cwd=root,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_every_llamafactory_key_has_a_status_and_a_message():
+    from tunesmith.config.lf_keys import key_status, llamafactory_keys
+
+    keys = llamafactory_keys()
+    assert len(keys) > 300
+    for key in keys:
+        status, note = key_status(key)
+        if status == "implemented":
+            continue
+        with pytest.raises(ConfigError) as info:
+            build_config({key: (1, "x.yaml:1")})
+        text = str(info.value)
+        assert ("refused by tunesmith" in text) if status == "refused" else (
+            "not supported by tunesmith yet" in text), (key, text)
