@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 from tunesmith.config.fields import opt
+from tunesmith.config.infer_keys import InferConfig
 from tunesmith.config.method_keys import MethodConfig
 from tunesmith.config.optim_keys import OptimConfig
 from tunesmith.config.run_keys import RunConfig
@@ -267,6 +268,7 @@ class Config:
     optim: OptimConfig = field(default_factory=OptimConfig)  # LLaMA-Factory keys (issue 15)
     method: MethodConfig = field(default_factory=MethodConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    infer: InferConfig = field(default_factory=InferConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -277,7 +279,7 @@ class Config:
 
 
 SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "optim", "method",
-            "run")
+            "run", "infer")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

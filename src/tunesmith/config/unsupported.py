@@ -11,7 +11,7 @@ adapter_folder resize_vocab split_special_tokens add_tokens add_special_tokens
 new_special_tokens flash_attn
 moe_aux_loss_coef
 disable_gradient_checkpointing use_reentrant_gc upcast_layernorm upcast_lmhead_output
-train_from_scratch infer_backend offload_folder use_cache infer_dtype
+train_from_scratch  offload_folder use_cache infer_dtype
 
 quantization_device_map image_max_pixels image_min_pixels video_max_pixels
 video_min_pixels video_fps video_maxlen
