@@ -21,6 +21,7 @@ RUNS = {
     "extras/pissa/llama3_lora_sft.yaml": ({}, "pissa_converted/adapter_model.safetensors"),
     "extras/dft/qwen2_full_sft.yaml": ({}, "model.safetensors"),
     "extras/muon/qwen2_full_sft.yaml": ({}, "model.safetensors"),
+    "extras/asft/qwen2_full_asft.yaml": ({"deepspeed": ""}, "model.safetensors"),
     "extras/galore/llama3_full_sft.yaml": ({"galore_rank": 4}, "model.safetensors"),
     "extras/llama_pro/llama3_freeze_sft.yaml": ({"freeze_trainable_layers": 1},
                                                 "model.safetensors"),

@@ -14,8 +14,6 @@ from tunesmith.errors import ConfigError
 EXPECTED_REFUSED = {
     "extras/mod/llama3_full_sft.yaml": "refused by tunesmith",  # mixture_of_depths
     "extras/multi_tokens/tokens_cfg.yaml": "unknown key",  # a token list, not a config
-    "extras/asft/llama2_full_asft.yaml": "not supported by tunesmith yet",
-    "extras/asft/qwen2_full_asft.yaml": "not supported by tunesmith yet",
     "extras/oft/qwen2_5vl_oft_sft.yaml": "not supported by tunesmith yet",
     "merge_lora/qwen3_gptq.yaml": "not supported by tunesmith yet",
     "train_full/mossvl_full_sft.yaml": "not supported by tunesmith yet",

@@ -69,3 +69,46 @@ def test_dft_weight_carries_no_gradient():
     expected = p[targets[0]] * (grad_logits @ weight.detach())
     torch.testing.assert_close(hidden.grad[0], expected, rtol=1e-5, atol=1e-6)
     assert math.isfinite(loss.item())
+
+
+def test_anchored_kl_chunked_equals_reference_and_vanishes_at_the_reference():
+    from tunesmith.kernels.anchored_kl import anchored_kl_reference, chunked_anchored_kl
+
+    hidden, weight, _ = _inputs()
+    g = torch.Generator().manual_seed(5)
+    ref_hidden = hidden.detach() + 0.3 * torch.randn(hidden.shape, generator=g)
+    ref_weight = weight.detach().clone()
+    ref = anchored_kl_reference(hidden, weight, ref_hidden, ref_weight)
+    ref.backward()
+    ref_dh, ref_dw = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    out = chunked_anchored_kl(hidden, weight, ref_hidden, ref_weight, 8)
+    out.backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden.grad, ref_dh, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(weight.grad, ref_dw, rtol=1e-5, atol=1e-6)
+    same = chunked_anchored_kl(hidden, weight, hidden.detach(), weight.detach(), 8)
+    assert abs(float(same)) < 1e-4 and float(ref) > 1e-3
+
+
+def test_asft_objective_adds_the_anchor_only_once_the_model_moves():
+    from tiny import build_model
+    from tunesmith.config import load_config
+    from tunesmith.data.batching import collate
+    from tunesmith.data.encode import EncodedSample
+    from tunesmith.train.run_setup import build_objective
+
+    model = build_model()
+    cfg = load_config(overrides={"use_asft_loss": True, "asft_alpha": 0.5})
+    asft = build_objective(cfg, model)
+    dft = build_objective(load_config(overrides={"use_dft_loss": True}), model)
+    import numpy as np
+
+    ids = np.arange(3, 19, dtype=np.int32)
+    labels = ids.copy()
+    labels[:4] = -100  # prompt tokens are not trained
+    batch = collate([EncodedSample(ids, labels)], 0)
+    torch.testing.assert_close(asft.loss_sum(model, batch), dft.loss_sum(model, batch))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.5)
+    assert float(asft.loss_sum(model, batch)) > float(dft.loss_sum(model, batch)) + 1e-4

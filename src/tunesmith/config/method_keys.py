@@ -49,6 +49,11 @@ class MethodConfig:
         "eaft_alpha (detached).", advanced=True)
     eaft_alpha: float = opt(1.0, "EAFT: power of the entropy weight.", minimum=0,
                             advanced=True)
+    use_asft_loss: bool = opt(
+        False, "ASFT loss: the DFT loss plus asft_alpha x KL(reference || model) per trained "
+        "token; the reference is a frozen copy of the model as training starts (memory for a "
+        "second model).", advanced=True)
+    asft_alpha: float = opt(0.1, "ASFT: weight of the KL anchor.", minimum=0, advanced=True)
     pure_bf16: bool = opt(
         False, "Train in bf16 without fp32 master weights (GPU; the whole model, trainable "
         "parameters and optimizer state in bf16). CPU runs stay fp32.", advanced=True)

@@ -37,5 +37,4 @@ label_names length_penalty
 load_best_model_at_end local_rank max_length metric_for_best_model num_beams optim_args
 remove_unused_columns skip_special_tokens tf32
 torch_compile_backend torch_compile_mode
-use_asft_loss asft_alpha
 """.split())

@@ -41,12 +41,12 @@ from tunesmith.runs.folder import LOSS_PLOT_FILE, METRICS_FILE, OUTPUT_ARTIFACTS
 from tunesmith.train.loop import Trainer
 from tunesmith.train.metrics import MetricsLog, plot_loss
 from tunesmith.train.run_setup import (
+    build_objective,
     check_run_keys,
     check_wrap_class,
     load_options,
     log_param_status,
     master_dtype,
-    token_loss,
 )
 from tunesmith.train.summary import write_summary
 
@@ -113,7 +113,6 @@ def run_sft(cfg: Config) -> dict[str, Any]:
         dump_config(cfg, out / "config.resolved.yaml")
 
     model = build_model(cfg, model_path, device)  # same seed on every rank: same LoRA init
-    from tunesmith.train.objective import NextTokenObjective
 
     flop_model = build_flop_model(model, full=f.finetuning_type == "full")
     save_artifacts = partial(_save_model, model=model, tokenizer=tokenizer,
@@ -124,7 +123,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     d = cfg.data
     loader = LoaderOptions(d.batch_tokens, d.dataloader_num_workers, d.dataloader_pin_memory,
                            d.dataloader_prefetch_factor, d.dataloader_persistent_workers)
-    objective = NextTokenObjective(t.loss_impl, t.loss_chunk_size, token_loss(cfg))
+    objective = build_objective(cfg, model)
     trainer = Trainer(model, objective, train_items,
                       data.val, t, pad_id=tokenizer.pad_token_id, device=device,
                       output_dir=out, metrics=metrics,

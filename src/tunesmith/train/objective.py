@@ -61,10 +61,20 @@ class NextTokenObjective:
         self.token_loss = token_loss or TokenLoss()  # DFT / EAFT / label smoothing
 
     def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        rows, head = self.target_rows(model, batch)
+        return self.rows_loss(rows, head, batch)
+
+    @staticmethod
+    def target_rows(model: torch.nn.Module, batch: Batch
+                    ) -> tuple[torch.Tensor, torch.nn.Module]:
+        """Final hidden states of the rows that have a target [K, H], and the output head."""
         trunk, head = split_causal_lm(model)
         out = trunk(input_ids=batch.input_ids, use_cache=False, **trunk_inputs(batch, trunk))
         hidden = out.last_hidden_state  # [B, T, H]
-        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index)  # [K, H]
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index), head
+
+    def rows_loss(self, rows: torch.Tensor, head: torch.nn.Module, batch: Batch
+                  ) -> torch.Tensor:
         if getattr(head, "bias", None) is not None:  # rare; the plain path handles the bias
             logits = head(rows).float()
             return row_losses_reference(logits, batch.target_ids, self.token_loss).sum()

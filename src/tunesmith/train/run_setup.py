@@ -11,6 +11,8 @@ from tunesmith.config.schema import Config
 from tunesmith.errors import ConfigError
 from tunesmith.kernels.token_weights import TokenLoss
 from tunesmith.models.load_options import LoadOptions
+from tunesmith.train.anchored import AnchoredObjective, frozen_copy
+from tunesmith.train.objective import NextTokenObjective
 
 log = logging.getLogger(__name__)
 
@@ -28,11 +30,25 @@ def load_options(cfg: Config) -> LoadOptions:
                        double_quantization=q.double_quantization)
 
 
+def build_objective(cfg: Config, model: torch.nn.Module) -> NextTokenObjective:
+    """Next-token loss with the configured variant; use_asft_loss adds the KL anchor to a
+    frozen copy of `model` (call before training changes it)."""
+    t = cfg.training
+    spec = token_loss(cfg)
+    if cfg.method.use_asft_loss:
+        return AnchoredObjective(frozen_copy(model), cfg.method.asft_alpha, t.loss_impl,
+                                 t.loss_chunk_size, spec.smoothing)
+    return NextTokenObjective(t.loss_impl, t.loss_chunk_size, spec)
+
+
 def token_loss(cfg: Config) -> TokenLoss:
-    """The loss variant: use_dft_loss / use_eaft_loss (one at most), label smoothing."""
+    """The loss variant: use_dft_loss / use_eaft_loss / use_asft_loss (one at most), label
+    smoothing."""
     m = cfg.method
-    if m.use_dft_loss and m.use_eaft_loss:
-        raise ConfigError("use_dft_loss, use_eaft_loss: choose one token-loss variant")
+    chosen = [k for k in ("use_dft_loss", "use_eaft_loss", "use_asft_loss") if getattr(m, k)]
+    if len(chosen) > 1:
+        raise ConfigError(f"{', '.join(chosen)}: choose one token-loss variant (use_asft_loss "
+                          "includes the DFT weighting)")
     kind = "dft" if m.use_dft_loss else "eaft" if m.use_eaft_loss else "none"
     return TokenLoss(kind, m.eaft_alpha, cfg.run.label_smoothing_factor)
 
