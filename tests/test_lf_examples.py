@@ -15,7 +15,6 @@ EXPECTED_REFUSED = {
     "extras/mod/llama3_full_sft.yaml": "refused by tunesmith",  # mixture_of_depths
     "extras/multi_tokens/tokens_cfg.yaml": "unknown key",  # a token list, not a config
     "extras/oft/qwen2_5vl_oft_sft.yaml": "not supported by tunesmith yet",
-    "merge_lora/qwen3_gptq.yaml": "not supported by tunesmith yet",
     "train_full/mossvl_full_sft.yaml": "not supported by tunesmith yet",
     "train_full/qwen3vl_full_sft.yaml": "not supported by tunesmith yet",
     "train_lora/mossvl_lora_sft.yaml": "not supported by tunesmith yet",

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from tunesmith.config.export_quant_keys import ExportQuantConfig
 from tunesmith.config.fields import opt
 from tunesmith.config.infer_keys import InferConfig
 from tunesmith.config.method_keys import MethodConfig
@@ -269,6 +270,7 @@ class Config:
     method: MethodConfig = field(default_factory=MethodConfig)
     run: RunConfig = field(default_factory=RunConfig)
     infer: InferConfig = field(default_factory=InferConfig)
+    export_quant: ExportQuantConfig = field(default_factory=ExportQuantConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -279,7 +281,7 @@ class Config:
 
 
 SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "optim", "method",
-            "run", "infer")
+            "run", "infer", "export_quant")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

@@ -15,8 +15,8 @@ train_from_scratch  offload_folder use_cache infer_dtype
 
 quantization_device_map image_max_pixels image_min_pixels video_max_pixels
 video_min_pixels video_fps video_maxlen
-export_quantization_bit export_quantization_dataset export_quantization_nsamples
-export_quantization_maxlen vllm_maxlen vllm_gpu_util
+  
+ vllm_maxlen vllm_gpu_util
 vllm_enforce_eager vllm_max_lora_rank vllm_config compute_dtype device_map
 block_diag_attn media_dir buffer_size
 preprocessing_batch_size eval_num_beams ignore_pad_token_for_loss eval_on_each_dataset
