@@ -11,12 +11,10 @@ adapter_folder resize_vocab split_special_tokens add_tokens add_special_tokens
 new_special_tokens flash_attn
 moe_aux_loss_coef
 disable_gradient_checkpointing use_reentrant_gc upcast_layernorm upcast_lmhead_output
-train_from_scratch  offload_folder use_cache infer_dtype
-
+train_from_scratch offload_folder use_cache infer_dtype
 quantization_device_map image_max_pixels image_min_pixels video_max_pixels
 video_min_pixels video_fps video_maxlen
-  
- vllm_maxlen vllm_gpu_util
+vllm_maxlen vllm_gpu_util
 vllm_enforce_eager vllm_max_lora_rank vllm_config compute_dtype device_map
 block_diag_attn media_dir buffer_size
 preprocessing_batch_size eval_num_beams ignore_pad_token_for_loss eval_on_each_dataset
@@ -28,7 +26,6 @@ pref_beta pref_ftx
 pref_loss dpo_label_smoothing simpo_gamma ppo_buffer_size ppo_epochs ppo_score_norm ppo_target
 ppo_whiten_rewards ref_model ref_model_adapters ref_model_quantization_bit reward_model
 reward_model_adapters reward_model_quantization_bit reward_model_type
-
 do_eval prediction_loss_only eval_accumulation_steps
 log_level logging_strategy
 generation_max_length
