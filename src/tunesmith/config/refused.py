@@ -53,6 +53,11 @@ REFUSED_KEYS: dict[str, str] = {
     "swanlab_run_name": _SWANLAB, "swanlab_mode": _SWANLAB, "swanlab_api_key": _SWANLAB,
     "swanlab_logdir": _SWANLAB, "swanlab_lark_webhook_url": _SWANLAB,
     "swanlab_lark_secret": _SWANLAB,
+    "compute_dtype": ("LLaMA-Factory derives it from bf16 / fp16 and does not accept it in a "
+                      "YAML either; set bf16: true or fp16: true"),
+    "device_map": ("LLaMA-Factory sets it itself and does not accept it in a YAML either; "
+                   "choose the device with device: (auto, cpu, cuda:N), several GPUs with "
+                   "torchrun"),
     "use_ray": _RAY, "ray_run_name": _RAY, "ray_storage_path": _RAY,
     "ray_storage_filesystem": _RAY, "ray_init_kwargs": _RAY, "resources_per_worker": _RAY,
     "placement_strategy": _RAY,

@@ -28,6 +28,10 @@ class RunConfig:
     dataloader_drop_last: bool = opt(
         False, "Drop each epoch's last micro-batch when it holds fewer samples.",
         advanced=True)
+    group_by_length: bool = opt(
+        False, "Batch samples of similar length (HF's length-grouped order: random "
+        "mega-batches of 50 micro-batches, each sorted longest first), so less padding.",
+        advanced=True)
     include_num_input_tokens_seen: bool = opt(
         False, "Log num_input_tokens_seen (input tokens so far, padding excluded).",
         advanced=True)

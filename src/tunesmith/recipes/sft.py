@@ -129,7 +129,8 @@ def run_sft(cfg: Config) -> dict[str, Any]:
                       output_dir=out, metrics=metrics,
                       checkpoint_extra=save_artifacts if lora else None,
                       flops_per_token=partial(batch_flops, flop_model),
-                      strategy=build_strategy(t, ctx), loader=loader, optim=cfg.optim,
+                      strategy=build_strategy(t, ctx, cfg.run.ddp_find_unused_parameters),
+                      loader=loader, optim=cfg.optim,
                       run=cfg.run)
     if cfg.method.pissa_convert and ctx.is_main and not t.resume_from_checkpoint:
         save_pissa_init(model, out)

@@ -3,6 +3,7 @@ logging_first_step, save_strategy, data_seed and dataloader_drop_last."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tunesmith.config.run_keys import RunConfig
@@ -20,8 +21,14 @@ def epoch_plan(trainer: Trainer, epoch: int) -> list[list[int]]:
     run, cfg = trainer.run_cfg, trainer.cfg
     seed = run.data_seed if run.data_seed >= 0 else cfg.seed
     tokens = trainer.loader.batch_tokens
-    plan = epoch_batches(len(trainer.train), trainer.bs, epoch, seed,
-                         getattr(trainer.train, "lengths", None), tokens)
+    lengths = getattr(trainer.train, "lengths", None)
+    plan = epoch_batches(len(trainer.train), trainer.bs, epoch, seed, lengths, tokens)
+    if run.group_by_length:
+        if tokens:
+            raise ConfigError("group_by_length: batch_tokens already groups by length; set "
+                              "one of the two")
+        plan = length_grouped(plan, (lambda i: len(trainer.train[i])) if lengths is None
+                              else (lambda i: int(lengths[i])), trainer.bs)
     if not run.dataloader_drop_last:
         return plan
     if tokens:
@@ -33,6 +40,25 @@ def epoch_plan(trainer: Trainer, epoch: int) -> list[list[int]]:
                           f"fill no micro-batch of {trainer.bs}; lower "
                           "per_device_train_batch_size or set dataloader_drop_last: false")
     return plan
+
+
+MEGABATCH = 50  # micro-batches per length-sorted group, as HF's LengthGroupedSampler
+
+
+def length_grouped(plan: list[list[int]], length_of: Callable[[int], int], batch_size: int
+                   ) -> list[list[int]]:
+    """Re-cut an epoch's random order into micro-batches of similar length: mega-batches
+    of MEGABATCH x batch_size samples, each sorted longest first; the batch holding the
+    longest sample goes first (an out-of-memory shows at once)."""
+    order = [i for batch in plan for i in batch]
+    size = MEGABATCH * batch_size
+    batches: list[list[int]] = []
+    for start in range(0, len(order), size):
+        mega = sorted(order[start:start + size], key=lambda i: -length_of(i))
+        batches += [mega[j:j + batch_size] for j in range(0, len(mega), batch_size)]
+    longest = max(range(len(batches)), key=lambda b: length_of(batches[b][0]))
+    batches[0], batches[longest] = batches[longest], batches[0]
+    return batches
 
 
 def log_due(step: int, cfg: TrainingConfig, run: RunConfig, total: int) -> bool:

@@ -1,0 +1,125 @@
+"""HF Trainer / LLaMA-Factory run and model keys: data order, length grouping, checkpoint
+points, RoPE scaling, quantised loading and the checks that refuse what cannot be honoured."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tunesmith.config import load_config
+from tunesmith.config.run_keys import RunConfig
+from tunesmith.config.schema import TrainingConfig
+from tunesmith.data.loader import LoaderOptions
+from tunesmith.errors import ConfigError
+from tunesmith.models.load_options import LoadOptions, rope_parameters
+from tunesmith.train.run_setup import check_run_keys
+from tunesmith.train.schedule_points import epoch_plan, save_due
+
+
+def _trainer(n=23, bs=4, **run):
+    samples = [list(range((i * 7) % 13 + 1)) for i in range(n)]
+    return SimpleNamespace(run_cfg=RunConfig(**run), cfg=TrainingConfig(seed=1), bs=bs,
+                           loader=LoaderOptions(), train=samples)
+
+
+def test_data_seed_orders_the_data_apart_from_seed():
+    base = epoch_plan(_trainer(), 0)
+    assert epoch_plan(_trainer(data_seed=1), 0) == base  # data_seed = seed: same order
+    assert epoch_plan(_trainer(data_seed=9), 0) != base
+
+
+def test_drop_last_drops_only_the_short_batch():
+    plan = epoch_plan(_trainer(), 0)
+    dropped = epoch_plan(_trainer(dataloader_drop_last=True), 0)
+    assert len(plan[-1]) == 3 and dropped == plan[:-1]
+
+
+def test_group_by_length_sorts_within_the_megabatch():
+    t = _trainer(n=60, bs=3, group_by_length=True)
+    plan = epoch_plan(t, 0)
+    lengths = [[len(t.train[i]) for i in b] for b in plan]
+    assert sorted(i for b in plan for i in b) == list(range(60))
+    assert lengths[0][0] == max(max(b) for b in lengths)  # the longest batch first
+    flat = [x for b in lengths[1:] for x in b]
+    assert flat == sorted(flat, reverse=True)  # one megabatch (60 <= 50 x 3)
+    assert epoch_plan(_trainer(n=60, bs=3), 0) != plan
+
+
+def test_save_strategy_points():
+    t = _trainer(save_strategy="epoch")
+    t.state = SimpleNamespace(step=3, epoch=1)
+    assert save_due(t, start_epoch=0) and not save_due(t, start_epoch=1)
+    t.run_cfg = RunConfig(save_strategy="no")
+    t.cfg = TrainingConfig(save_steps=1)
+    assert not save_due(t, start_epoch=0)
+    t.run_cfg = RunConfig(save_strategy="steps")
+    assert save_due(t, start_epoch=1)
+
+
+@pytest.mark.parametrize("kind,extra", [
+    ("linear", {}), ("dynamic", {"original_max_position_embeddings": 512}),
+    ("yarn", {"original_max_position_embeddings": 512}),
+    ("llama3", {"original_max_position_embeddings": 512, "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0})])
+def test_rope_scaling_follows_llamafactory(kind, extra):
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(max_position_embeddings=512)
+    params = rope_parameters(config, kind, 1300)
+    assert params["rope_type"] == kind and params["factor"] == 3.0  # ceil(1300 / 512)
+    assert {k: params[k] for k in extra} == extra
+    assert config.max_position_embeddings == 1536
+    assert rope_parameters(LlamaConfig(max_position_embeddings=512), kind, 400) is None
+
+
+def test_rope_scaled_model_equals_transformers_own(tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    from tunesmith.models.loader import load_causal_lm
+
+    ours = load_causal_lm(str(tiny_llama_dir), opts=LoadOptions(rope_scaling="linear",
+                                                                model_max_length=1024))
+    ref = AutoModelForCausalLM.from_pretrained(
+        tiny_llama_dir, rope_parameters={"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4})
+    ids = torch.arange(40)[None] % 100
+    with torch.no_grad():
+        torch.testing.assert_close(ours(input_ids=ids).logits, ref(input_ids=ids).logits)
+        plain = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+        assert not torch.allclose(plain(input_ids=ids).logits, ref(input_ids=ids).logits)
+
+
+def test_quantization_bit_loads_bitsandbytes_layers(tiny_llama_dir):
+    import bitsandbytes as bnb
+
+    from tunesmith.models.loader import load_causal_lm
+
+    model = load_causal_lm(str(tiny_llama_dir), opts=LoadOptions(quantization_bit=8))
+    assert isinstance(model.model.layers[0].self_attn.q_proj, bnb.nn.Linear8bitLt)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"save_safetensors": False}, "never writes"),
+    ({"quantization_bit": 4, "finetuning_type": "full"}, "trains only adapters"),
+])
+def test_values_that_cannot_be_honoured_stop(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        check_run_keys(load_config(overrides=overrides))
+
+
+def test_ddp_find_unused_parameters_reaches_ddp(tmp_path):
+    import torch.distributed as dist
+
+    from tunesmith.distributed.context import DistContext
+    from tunesmith.distributed.strategy import Strategy
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                            world_size=1)
+    try:
+        ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+        strategy = Strategy("ddp", ctx, TrainingConfig(), find_unused_parameters=True)
+        strategy.wrap(torch.nn.Linear(2, 2), object())
+        assert strategy.loss_module.find_unused_parameters
+    finally:
+        dist.destroy_process_group()
