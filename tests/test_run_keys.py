@@ -123,3 +123,68 @@ def test_ddp_find_unused_parameters_reaches_ddp(tmp_path):
         assert strategy.loss_module.find_unused_parameters
     finally:
         dist.destroy_process_group()
+
+
+def _fake_model():
+    return torch.nn.Linear(2, 2)
+
+
+def test_best_tracker_keeps_and_restores_the_best_weights():
+    from tunesmith.train.best import BestTracker
+
+    model = _fake_model()
+    best = BestTracker(model, RunConfig(load_best_model_at_end=True, early_stopping_steps=2),
+                       has_validation=True, sharded=False)
+    best.observe(1, 2.0)
+    with torch.no_grad():
+        model.weight.fill_(0.5)
+    best.observe(2, 1.0)  # best: weights 0.5
+    with torch.no_grad():
+        model.weight.fill_(9.0)
+    best.observe(3, 1.5)
+    assert not best.stop_early()
+    best.observe(4, 1.2)
+    assert best.stop_early()  # two evaluations without improvement
+    assert best.restore_best() == 2
+    assert torch.all(model.weight == 0.5)
+
+
+def test_greater_is_better_flips_the_order():
+    from tunesmith.train.best import BestTracker
+
+    best = BestTracker(_fake_model(), RunConfig(greater_is_better=True), True, False)
+    best.observe(1, 1.0)
+    best.observe(2, 3.0)
+    assert best.best == 3.0 and best.best_step == 2
+
+
+@pytest.mark.parametrize("run,message", [
+    ({"do_eval": True}, "do_eval: needs validation data"),
+    ({"load_best_model_at_end": True}, "load_best_model_at_end: needs validation data"),
+    ({"metric_for_best_model": "eval_accuracy"}, "is not measured"),
+])
+def test_evaluation_keys_without_what_they_need_stop(run, message):
+    from tunesmith.train.best import BestTracker
+
+    with pytest.raises(ConfigError, match=message):
+        BestTracker(_fake_model(), RunConfig(**run), has_validation=False, sharded=False)
+
+
+def test_early_stopping_through_the_cli(tmp_path, tiny_llama_dir, alpaca_file):
+    import json
+
+    from lf_examples import write_run_yaml
+    from tunesmith.cli.main import main
+
+    path = write_run_yaml("train_full/qwen3_full_sft.yaml", str(tiny_llama_dir),
+                          str(alpaca_file), tmp_path, template="", max_steps=30,
+                          learning_rate=1.0, val_size=4, eval_steps=1, per_device_eval_batch_size=4,
+                          early_stopping_steps=2, load_best_model_at_end=True, do_eval=True,
+                          preprocessing_num_workers=1, dataloader_num_workers=0, deepspeed="",
+                          gradient_accumulation_steps=1, save_steps=0, cutoff_len=64,
+                          per_device_train_batch_size=4)
+    assert main(["train", str(path)]) == 0
+    records = [json.loads(x) for x in (tmp_path / "out/metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval_loss"] for r in records if "eval_loss" in r]
+    assert len(evals) < 31  # stopped early: learning_rate 1.0 makes the loss climb
+    assert evals[-1] == pytest.approx(min(evals[:-1]), rel=1e-5)  # final eval: best weights

@@ -16,6 +16,19 @@ class RunConfig:
     save_strategy: Literal["no", "steps", "epoch"] = opt(
         "steps", "When to write checkpoints: every save_steps (steps), at each epoch's end "
         "(epoch), or never (no).", advanced=True)
+    do_eval: bool = opt(False, "Evaluate on the validation data (required to be present); "
+                               "tunesmith evaluates whenever there is validation data.",
+                        advanced=True)
+    metric_for_best_model: str = opt("eval_loss", "Metric that ranks evaluations: eval_loss "
+                                                  "(or loss).", advanced=True)
+    greater_is_better: bool = opt(False, "Whether a larger metric_for_best_model is better.",
+                                  advanced=True)
+    load_best_model_at_end: bool = opt(
+        False, "After training, restore the weights of the best evaluation (kept in CPU "
+        "memory); the saved model is then that one.", advanced=True)
+    early_stopping_steps: int = opt(
+        0, "Stop after this many evaluations without improvement of metric_for_best_model "
+        "(0: never).", minimum=0, advanced=True)
     logging_first_step: bool = opt(False, "Also log the first optimizer step.",
                                    advanced=True)
     logging_dir: str = opt("", "Folder for tensorboard event files (default: output_dir).",

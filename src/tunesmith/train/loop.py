@@ -39,6 +39,7 @@ from tunesmith.distributed.strategy import Strategy
 from tunesmith.errors import ConfigError, TrainingError
 from tunesmith.models.acceleration import activation_offload
 from tunesmith.runs.folder import latest_checkpoint
+from tunesmith.train.best import BestTracker
 from tunesmith.train.memory import MicroBatchSizer, out_of_memory_message
 from tunesmith.train.metrics import MetricsLog
 from tunesmith.train.objective import Objective
@@ -115,6 +116,8 @@ class Trainer:
                       if cfg.auto_batch_size else None)
         self._batches: Any = None  # the loader's iterator, set by run()
         self.stop = GracefulStop()  # checked after each optimizer step
+        self.best = BestTracker(model, self.run_cfg, bool(val),
+                                self.strategy.name in ("fsdp", "deepspeed"))
 
     # ----- data position -------------------------------------------------------------
     def epoch_plan(self, epoch: int) -> list[list[int]]:
@@ -280,6 +283,8 @@ class Trainer:
                 window_losses = []
             if cfg.eval_steps and s.step % cfg.eval_steps == 0 and cfg.eval_strategy != "no":
                 eval_loss = self._log_eval()
+                if self.best.stop_early():
+                    break
             if s.step < self.total_steps and self.stop.agreed(self.ctx):
                 bar.close()
                 return LoopResult(s, self.total_steps, eval_loss,
@@ -288,6 +293,7 @@ class Trainer:
             if s.step < self.total_steps and save_due(self, start_epoch):
                 self.save()
         bar.close()
+        self.best.restore_best()  # load_best_model_at_end
         if self.val and cfg.eval_strategy != "no":
             eval_loss = self._log_eval()
         perf = self.throughput.summary(s.elapsed)
@@ -366,6 +372,8 @@ class Trainer:
         if loss is not None and self.ctx.is_main:
             ppl = math.exp(min(loss, 50.0))
             self._write_metrics({"step": self.state.step, "eval_loss": loss, "eval_ppl": ppl})
+        if loss is not None:
+            self.best.observe(self.state.step, loss)
             tqdm.write(f"step {self.state.step}: eval loss {loss:.4f} (perplexity {ppl:.2f})")
         return loss
 
