@@ -188,3 +188,46 @@ def test_early_stopping_through_the_cli(tmp_path, tiny_llama_dir, alpaca_file):
     evals = [r["eval_loss"] for r in records if "eval_loss" in r]
     assert len(evals) < 31  # stopped early: learning_rate 1.0 makes the loss climb
     assert evals[-1] == pytest.approx(min(evals[:-1]), rel=1e-5)  # final eval: best weights
+
+
+def test_added_tokens_grow_the_embeddings_with_the_mean(tmp_path):
+    from tiny import build_model, build_tokenizer
+    from tunesmith.models.vocab import add_vocab_tokens, resize_embeddings
+
+    tok, model = build_tokenizer(), build_model()
+    old = model.get_input_embeddings().weight.detach().clone()
+    assert add_vocab_tokens(tok, ["zebra"], ["<think>", "</think>"]) == 3
+    assert len(tok.tokenize("<think>")) == 1  # special: never split
+    new = resize_embeddings(model, tok, "desc_init",
+                            {"<think>": "Question answer", "</think>": "assistant"})
+    w = model.get_input_embeddings().weight
+    assert w.shape[0] % 64 == 0 and new == w.shape[0] - old.shape[0]
+    torch.testing.assert_close(w[:old.shape[0]], old)  # old rows untouched
+    think = tok.convert_tokens_to_ids("<think>")
+    desc_ids = tok("Question answer", add_special_tokens=False)["input_ids"]
+    torch.testing.assert_close(w[think], old[desc_ids].mean(0))
+    torch.testing.assert_close(w[tok.convert_tokens_to_ids("zebra")], old.mean(0))
+    assert model.lm_head.weight.shape[0] == w.shape[0]
+
+
+def test_special_tokens_through_the_cli(tmp_path, tiny_llama_dir, alpaca_file):
+    import json
+
+    from safetensors.torch import load_file
+
+    from lf_examples import EXAMPLES, write_run_yaml
+    from tunesmith.cli.main import main
+
+    path = write_run_yaml("train_lora/qwen3_lora_sft.yaml", str(tiny_llama_dir),
+                          str(alpaca_file), tmp_path, template="", max_steps=1,
+                          new_special_tokens_config=str(EXAMPLES / "extras/multi_tokens/"
+                                                                   "tokens_cfg.yaml"),
+                          init_special_tokens="desc_init_w_noise", deepspeed="",
+                          preprocessing_num_workers=1, dataloader_num_workers=0, save_steps=0,
+                          gradient_accumulation_steps=1, cutoff_len=64)
+    assert main(["train", str(path)]) == 0
+    out = tmp_path / "out"
+    vocab = json.loads((out / "tokenizer.json").read_text())["added_tokens"]
+    assert "<|START_OF_SVG|>" in {t["content"] for t in vocab}
+    saved = load_file(out / "adapter_model.safetensors")
+    assert any("embed_tokens" in k for k in saved) and any("lm_head" in k for k in saved)

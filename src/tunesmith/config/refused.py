@@ -58,6 +58,8 @@ REFUSED_KEYS: dict[str, str] = {
     "device_map": ("LLaMA-Factory sets it itself and does not accept it in a YAML either; "
                    "choose the device with device: (auto, cpu, cuda:N), several GPUs with "
                    "torchrun"),
+    "new_special_tokens": ("renamed in LLaMA-Factory 0.9.4: use add_special_tokens (or "
+                           "new_special_tokens_config for tokens with descriptions)"),
     "use_ray": _RAY, "ray_run_name": _RAY, "ray_storage_path": _RAY,
     "ray_storage_filesystem": _RAY, "ray_init_kwargs": _RAY, "resources_per_worker": _RAY,
     "placement_strategy": _RAY,

@@ -17,6 +17,7 @@ from tunesmith.config.infer_keys import InferConfig
 from tunesmith.config.method_keys import MethodConfig
 from tunesmith.config.optim_keys import OptimConfig
 from tunesmith.config.run_keys import RunConfig
+from tunesmith.config.vocab_keys import VocabConfig
 
 FinetuningType = Literal["lora", "oft", "freeze", "full"]
 Stage = Literal["sft", "pt"]
@@ -271,6 +272,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     infer: InferConfig = field(default_factory=InferConfig)
     export_quant: ExportQuantConfig = field(default_factory=ExportQuantConfig)
+    vocab: VocabConfig = field(default_factory=VocabConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -281,7 +283,7 @@ class Config:
 
 
 SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "optim", "method",
-            "run", "infer", "export_quant")
+            "run", "infer", "export_quant", "vocab")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

@@ -7,8 +7,8 @@ dropped silently. Keys move from here into the schema as they are implemented.
 from __future__ import annotations
 
 LLAMA_FACTORY_KEYS_NOT_YET_SUPPORTED: frozenset[str] = frozenset("""
-adapter_folder resize_vocab split_special_tokens add_tokens add_special_tokens
-new_special_tokens flash_attn
+adapter_folder split_special_tokens
+flash_attn
 moe_aux_loss_coef
 disable_gradient_checkpointing use_reentrant_gc upcast_layernorm upcast_lmhead_output
 train_from_scratch offload_folder use_cache infer_dtype

@@ -44,6 +44,8 @@ from tunesmith.train.run_setup import (
     build_objective,
     check_run_keys,
     check_wrap_class,
+    extend_vocab,
+    grow_embeddings,
     load_options,
     log_param_status,
     master_dtype,
@@ -102,6 +104,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     model_path = resolve_model_path(m.model_name_or_path, m.cache_dir or None)
     tokenizer = load_tokenizer(model_path, trust_remote_code=m.trust_remote_code,
                                opts=load_options(cfg))
+    described = extend_vocab(tokenizer, cfg)  # add_tokens etc., before tokenising the data
     template_name, template_source = load_template_source(m.template, tokenizer)
     renderer = ChatRenderer(template_name, template_source, tokenizer)
     data = prepare_on_main(
@@ -112,7 +115,8 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     if ctx.is_main:
         dump_config(cfg, out / "config.resolved.yaml")
 
-    model = build_model(cfg, model_path, device)  # same seed on every rank: same LoRA init
+    model = build_model(cfg, model_path, device,  # same seed on every rank: same LoRA init
+                        vocab=(tokenizer, described))
 
     flop_model = build_flop_model(model, full=f.finetuning_type == "full")
     save_artifacts = partial(_save_model, model=model, tokenizer=tokenizer,
@@ -157,8 +161,10 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     return summary
 
 
-def build_model(cfg: Config, model_path: str, device: torch.device) -> torch.nn.Module:
-    """The base model on `device` with its trainable parameters set up."""
+def build_model(cfg: Config, model_path: str, device: torch.device,
+                vocab: tuple[Any, dict[str, str]] | None = None) -> torch.nn.Module:
+    """The base model on `device` with its trainable parameters set up; `vocab`: the
+    tokenizer (with added tokens) and token descriptions the embeddings must follow."""
     m, t = cfg.model, cfg.training
     torch.manual_seed(t.seed)
     model = load_causal_lm(model_path, dtype=_base_dtype(cfg, device),
@@ -166,7 +172,8 @@ def build_model(cfg: Config, model_path: str, device: torch.device) -> torch.nn.
                            attn_implementation=m.attn_implementation, device=device,
                            opts=load_options(cfg))
     check_wrap_class(model, cfg)
-    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path, cfg.method,
+    method = grow_embeddings(model, vocab[0], cfg, vocab[1]) if vocab else cfg.method
+    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path, method,
                               master_dtype(cfg, device))
     if cfg.method.fp8:
         convert_to_fp8(model, device, cfg.method.fp8_enable_fsdp_float8_all_gather)

@@ -3,14 +3,18 @@ the token-loss variant, the trainable parameters' dtype, checks and warnings."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from typing import Any
 
 import torch
 
+from tunesmith.config.method_keys import MethodConfig
 from tunesmith.config.schema import Config
 from tunesmith.errors import ConfigError
 from tunesmith.kernels.token_weights import TokenLoss
 from tunesmith.models.load_options import LoadOptions
+from tunesmith.models.vocab import add_vocab_tokens, read_token_descriptions, resize_embeddings
 from tunesmith.train.anchored import AnchoredObjective, frozen_copy
 from tunesmith.train.objective import NextTokenObjective
 
@@ -75,6 +79,33 @@ def check_run_keys(cfg: Config) -> None:
     if cfg.method.quantization_bit and cfg.finetuning.finetuning_type not in ("lora", "oft"):
         raise ConfigError(f"quantization_bit: a quantised base trains only adapters; set "
                           f"finetuning_type lora (got {cfg.finetuning.finetuning_type})")
+
+
+def extend_vocab(tokenizer: Any, cfg: Config) -> dict[str, str]:
+    """Add the configured tokens to the tokenizer (before the data is tokenised); returns
+    the token descriptions of new_special_tokens_config."""
+    v = cfg.vocab
+    described = read_token_descriptions(v.new_special_tokens_config) \
+        if v.new_special_tokens_config else {}
+    add_vocab_tokens(tokenizer, v.add_tokens, [*v.add_special_tokens, *described])
+    return described
+
+
+def grow_embeddings(model: torch.nn.Module, tokenizer: Any, cfg: Config,
+                    described: dict[str, str]) -> MethodConfig:
+    """resize_vocab (on by itself when tokens were added): embeddings follow the tokenizer.
+    Returns the method config, with embed and head trained and saved when LoRA/OFT."""
+    v, method = cfg.vocab, cfg.method
+    wants = v.resize_vocab or v.add_tokens or v.add_special_tokens or described
+    if not wants or not resize_embeddings(model, tokenizer, v.init_special_tokens, described,
+                                          cfg.training.seed):
+        return method
+    if cfg.finetuning.finetuning_type in ("lora", "oft") and not method.additional_target:
+        names = [n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                 if m is model.get_input_embeddings() or m is model.get_output_embeddings()]
+        log.info("resize_vocab: training %s with the adapter", ", ".join(names))
+        return dataclasses.replace(method, additional_target=names)
+    return method
 
 
 def check_wrap_class(model: torch.nn.Module, cfg: Config) -> None:
