@@ -87,3 +87,11 @@ def single_thread_tokenizers() -> None:
     """In a preprocessing worker process: one tokenizer thread per process, because the
     workers already use every core and extra threads only contend for them."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def accelerate_fsdp_env() -> dict[str, str] | None:
+    """The FSDP settings `accelerate launch --config_file` passes to its processes
+    (ACCELERATE_USE_FSDP and FSDP_*), or None when it did not ask for FSDP."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() not in {"1", "true", "yes"}:
+        return None
+    return {k: v for k, v in os.environ.items() if k.startswith("FSDP_")}

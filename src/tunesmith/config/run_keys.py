@@ -65,6 +65,9 @@ class RunConfig:
     ray_num_workers: int = opt(
         1, "LLaMA-Factory's Ray worker count: has no effect without use_ray (refused), as in "
         "LLaMA-Factory; a value other than 1 logs a warning.", minimum=1, advanced=True)
+    local_rank: int = opt(
+        -1, "Set by launchers (deepspeed passes --local_rank); tunesmith reads LOCAL_RANK and "
+        "checks that the two agree.", minimum=-1, advanced=True)
     fsdp_transformer_layer_cls_to_wrap: str = opt(
         "", "FSDP wrapping class; tunesmith always wraps each decoder layer and checks that "
         "this names the model's decoder layer class.", advanced=True)

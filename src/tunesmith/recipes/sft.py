@@ -38,6 +38,7 @@ from tunesmith.models.fp8 import convert_to_fp8
 from tunesmith.models.loader import load_causal_lm, load_tokenizer
 from tunesmith.models.provision import resolve_model_path
 from tunesmith.runs.folder import LOSS_PLOT_FILE, METRICS_FILE, OUTPUT_ARTIFACTS, list_checkpoints
+from tunesmith.train.launcher_env import apply_launcher_env
 from tunesmith.train.loop import Trainer
 from tunesmith.train.metrics import MetricsLog, plot_loss
 from tunesmith.train.run_setup import (
@@ -97,6 +98,7 @@ def run_sft(cfg: Config) -> dict[str, Any]:
     if not m.model_name_or_path:
         raise ConfigError("model_name_or_path: not set; e.g. smollm2-135m-instruct")
     check_run_keys(cfg)
+    apply_launcher_env(cfg)  # deepspeed's --local_rank, accelerate's FSDP settings
     offload = bool(t.fsdp) and fsdp_settings(t).cpu_offload
     ctx = init_distributed(t.device, t.ddp_backend, t.ddp_timeout, cpu_offload=offload)
     out = check_output_dir_once(cfg, ctx)
