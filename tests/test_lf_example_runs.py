@@ -23,6 +23,9 @@ RUNS = {
     "extras/muon/qwen2_full_sft.yaml": ({}, "model.safetensors"),
     "extras/asft/qwen2_full_asft.yaml": ({"deepspeed": ""}, "model.safetensors"),
     "extras/galore/llama3_full_sft.yaml": ({"galore_rank": 4}, "model.safetensors"),
+    "extras/apollo/llama3_full_sft.yaml": ({"apollo_rank": 4}, "model.safetensors"),
+    "extras/badam/llama3_full_sft.yaml": ({}, "model.safetensors"),
+    "extras/adam_mini/qwen2_full_sft.yaml": ({}, "model.safetensors"),
     "extras/llama_pro/llama3_freeze_sft.yaml": ({"freeze_trainable_layers": 1},
                                                 "model.safetensors"),
     "train_qlora/qwen3_lora_sft_otfq.yaml": ({}, "adapter_model.safetensors"),
@@ -43,13 +46,19 @@ def test_example_runs_a_few_steps(example, tmp_path, tiny_llama_dir, alpaca_file
 
 def test_trainer_keys_through_the_cli(tmp_path, tiny_llama_dir, alpaca_file):
     """save_strategy epoch, logging_first_step, include_num_input_tokens_seen, run_name,
-    data_seed, dataloader_drop_last, disable_tqdm, label_smoothing_factor, optim."""
+    data_seed, dataloader_drop_last, disable_tqdm, label_smoothing_factor, optim, and keys
+    checked by unit tests, here once through the CLI: EAFT, group_by_length, rope_scaling,
+    model loading keys, print_param_status, additional_target."""
     keys = {**FAST, "max_steps": 0, "num_train_epochs": 2, "logging_steps": 5,
             "per_device_train_batch_size": 5, "save_strategy": "epoch",
             "logging_first_step": True, "include_num_input_tokens_seen": True,
             "run_name": "lf-keys", "data_seed": 7, "dataloader_drop_last": True,
             "disable_tqdm": True, "label_smoothing_factor": 0.1, "optim": "adamw_8bit",
-            "lr_scheduler_kwargs": {"min_lr_rate": 0.1}}
+            "lr_scheduler_kwargs": {"min_lr_rate": 0.1}, "use_eaft_loss": True,
+            "group_by_length": True, "rope_scaling": "linear", "model_max_length": 1024,
+            "model_revision": "main", "use_fast_tokenizer": True, "low_cpu_mem_usage": False,
+            "print_param_status": True, "additional_target": "lm_head",
+            "ddp_find_unused_parameters": True}
     yaml_path = write_run_yaml("train_lora/qwen3_lora_sft.yaml", str(tiny_llama_dir),
                                str(alpaca_file), tmp_path, **keys)
     assert main(["train", str(yaml_path)]) == 0
@@ -62,3 +71,6 @@ def test_trainer_keys_through_the_cli(tmp_path, tiny_llama_dir, alpaca_file):
     assert records[-1]["lr"] == pytest.approx(1e-4 * 0.1)  # floor of min_lr_rate
     assert (out / "checkpoint-4").is_dir()  # end of epoch 1 (the last is the final save)
     assert json.loads((out / "run_summary.json").read_text())["run_name"] == "lf-keys"
+    from safetensors.torch import load_file
+
+    assert any("lm_head" in k for k in load_file(out / "adapter_model.safetensors"))

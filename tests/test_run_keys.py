@@ -231,3 +231,26 @@ def test_special_tokens_through_the_cli(tmp_path, tiny_llama_dir, alpaca_file):
     assert "<|START_OF_SVG|>" in {t["content"] for t in vocab}
     saved = load_file(out / "adapter_model.safetensors")
     assert any("embed_tokens" in k for k in saved) and any("lm_head" in k for k in saved)
+
+
+def test_model_loading_keys_reach_from_pretrained(monkeypatch, tiny_llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    from tunesmith.models.loader import load_causal_lm
+    from tunesmith.train.run_setup import load_options
+
+    seen = {}
+    real = AutoModelForCausalLM.from_pretrained
+
+    def spy(path, **kwargs):
+        seen.update(kwargs)
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    cfg = load_config(overrides={"model_revision": "v2", "low_cpu_mem_usage": False,
+                                 "rope_scaling": "dynamic", "cutoff_len": 2048})
+    opts = load_options(cfg)
+    assert opts.model_max_length == 2048  # cutoff_len when model_max_length is unset
+    load_causal_lm(str(tiny_llama_dir), opts=opts)
+    assert seen["revision"] == "v2" and seen["low_cpu_mem_usage"] is False
+    assert seen["config"].rope_parameters["rope_type"] == "dynamic"
