@@ -91,3 +91,16 @@ def test_every_llamafactory_key_has_a_status_and_a_message():
         text = str(info.value)
         assert ("refused by tunesmith" in text) if status == "refused" else (
             "not supported by tunesmith yet" in text), (key, text)
+
+
+def test_project_method_examples_load():
+    from pathlib import Path
+
+    from tunesmith.config import load_config
+
+    folder = Path(__file__).parents[1] / "examples" / "methods"
+    loaded = {p.stem: load_config(p) for p in sorted(folder.glob("*.yaml"))}
+    assert loaded["loraplus"].optim.loraplus_lr_ratio == 16.0
+    assert loaded["qlora"].method.quantization_bit == 4
+    assert loaded["muon"].optim.use_muon and loaded["dft"].method.use_dft_loss
+    assert loaded["pissa"].method.pissa_convert and loaded["galore"].optim.use_galore
