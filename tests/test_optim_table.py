@@ -141,3 +141,14 @@ def test_min_lr_rate_floors_the_decay():
     with pytest.raises(ConfigError, match="not understood"):
         build_scheduler(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0),
                         TrainingConfig(), 10, {"warmup_power": 2})
+
+
+def test_optim_args_reach_the_optimizer():
+    opt = build_optimizer(_model(), TrainingConfig(), OptimConfig(
+        optim="sgd", optim_args="momentum=0.9, nesterov=true"))
+    assert opt.param_groups[0]["momentum"] == 0.9 and opt.param_groups[0]["nesterov"] is True
+    with pytest.raises(ConfigError, match="rejected by sgd"):
+        build_optimizer(_model(), TrainingConfig(), OptimConfig(optim="sgd",
+                                                                optim_args="betas=1"))
+    with pytest.raises(ConfigError, match="is not key=value"):
+        build_optimizer(_model(), TrainingConfig(), OptimConfig(optim_args="momentum"))

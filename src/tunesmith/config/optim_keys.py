@@ -20,6 +20,9 @@ class OptimConfig:
         "adamw_torch_fused, adamw_8bit / paged_adamw_8bit / paged_adamw_32bit (bitsandbytes "
         "extra), adafactor, sgd, adagrad, rmsprop. use_galore, use_apollo, use_badam, "
         "use_adam_mini and use_muon pick those families instead.", advanced=True)
+    optim_args: str = opt(
+        "", "Extra optimizer arguments as HF writes them: key=value,key=value (numbers, true/"
+        "false), e.g. momentum=0.9 for sgd.", advanced=True)
     loraplus_lr_ratio: float = opt(
         0.0, "LoRA+: learning rate of the LoRA B matrices = learning_rate x this ratio "
         "(0: off; LLaMA-Factory suggests 16).", minimum=0, advanced=True)

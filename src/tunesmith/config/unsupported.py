@@ -31,7 +31,7 @@ log_level logging_strategy
 generation_max_length
 generation_num_beams gradient_checkpointing_kwargs
 label_names length_penalty
-max_length num_beams optim_args
+max_length num_beams
 remove_unused_columns skip_special_tokens tf32
 torch_compile_backend torch_compile_mode
 """.split())

@@ -42,4 +42,4 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainingConfig,
         groups = loraplus_groups(model, cfg, ocfg)
     else:
         groups = decay_groups([p for _, p in trainable_named(model)], cfg.weight_decay)
-    return build_named(ocfg.optim, groups, cfg)
+    return build_named(ocfg.optim, groups, cfg, ocfg.optim_args)
