@@ -254,3 +254,20 @@ def test_model_loading_keys_reach_from_pretrained(monkeypatch, tiny_llama_dir):
     load_causal_lm(str(tiny_llama_dir), opts=opts)
     assert seen["revision"] == "v2" and seen["low_cpu_mem_usage"] is False
     assert seen["config"].rope_parameters["rope_type"] == "dynamic"
+
+
+def test_neftune_noise_is_bounded_and_only_in_training():
+    from tiny import build_model
+    from tunesmith.models.neftune import add_neftune
+
+    model = build_model()
+    embed = model.get_input_embeddings()
+    ids = torch.arange(16)[None]
+    clean = embed(ids).detach()
+    add_neftune(model, alpha=5.0)
+    model.train()
+    noisy = embed(ids).detach()
+    bound = 5.0 / (16 * 64) ** 0.5
+    assert 0 < (noisy - clean).abs().max() <= bound
+    model.eval()
+    torch.testing.assert_close(embed(ids), clean)

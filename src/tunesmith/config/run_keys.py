@@ -51,6 +51,10 @@ class RunConfig:
     save_safetensors: bool = opt(
         True, "Must stay true: tunesmith writes safetensors only, never pickle weights.",
         advanced=True)
+    neftune_noise_alpha: float = opt(
+        0.0, "NEFTune: uniform noise on the input embeddings while training, scaled by "
+        "alpha / sqrt(length x hidden) (0: off; the paper uses 5).", minimum=0,
+        advanced=True)
     label_smoothing_factor: float = opt(
         0.0, "Label smoothing of the token cross-entropy (as HF: (1 - e) CE + e mean -log p).",
         minimum=0, maximum=1, advanced=True)

@@ -36,6 +36,7 @@ from tunesmith.models.acceleration import (
 from tunesmith.models.flops import batch_flops, build_flop_model
 from tunesmith.models.fp8 import convert_to_fp8
 from tunesmith.models.loader import load_causal_lm, load_tokenizer
+from tunesmith.models.neftune import add_neftune
 from tunesmith.models.provision import resolve_model_path
 from tunesmith.runs.folder import LOSS_PLOT_FILE, METRICS_FILE, OUTPUT_ARTIFACTS, list_checkpoints
 from tunesmith.train.launcher_env import apply_launcher_env
@@ -180,6 +181,8 @@ def build_model(cfg: Config, model_path: str, device: torch.device,
     if cfg.method.fp8:
         convert_to_fp8(model, device, cfg.method.fp8_enable_fsdp_float8_all_gather)
     apply_speed_settings(model, cfg)
+    if cfg.run.neftune_noise_alpha:
+        add_neftune(model, cfg.run.neftune_noise_alpha)
     if cfg.run.print_param_status:
         log_param_status(model)
     return model
