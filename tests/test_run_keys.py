@@ -271,3 +271,9 @@ def test_neftune_noise_is_bounded_and_only_in_training():
     assert 0 < (noisy - clean).abs().max() <= bound
     model.eval()
     torch.testing.assert_close(embed(ids), clean)
+
+
+def test_disable_shuffling_keeps_dataset_order():
+    plan = epoch_plan(_trainer(n=10, bs=4, disable_shuffling=True), 3)
+    assert plan == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    assert epoch_plan(_trainer(n=10, bs=4), 3) != plan

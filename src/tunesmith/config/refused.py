@@ -19,6 +19,8 @@ _TOKEN = ("tokens are never read from a YAML (it ends up in config.resolved.yaml
 _PROFILER = ("the torch profiler hooks are not wired into the loop; profile with "
              "`tunesmith bench` or torch.profiler around `tunesmith.train`")
 _SWANLAB = "SwanLab logging is not available; use report_to: tensorboard or wandb"
+_ENGINE = ("vLLM / SGLang are not run by tunesmith (infer_backend huggingface); export the "
+           "merged model and serve it with them directly")
 _RAY = ("Ray Train launching is not implemented; launch the same YAML with torchrun "
         "(tunesmith train relaunches itself on all visible GPUs)")
 
@@ -60,6 +62,10 @@ REFUSED_KEYS: dict[str, str] = {
                    "torchrun"),
     "new_special_tokens": ("renamed in LLaMA-Factory 0.9.4: use add_special_tokens (or "
                            "new_special_tokens_config for tokens with descriptions)"),
+    "vllm_maxlen": _ENGINE, "vllm_gpu_util": _ENGINE, "vllm_enforce_eager": _ENGINE,
+    "vllm_max_lora_rank": _ENGINE, "vllm_config": _ENGINE, "sglang_maxlen": _ENGINE,
+    "sglang_mem_fraction": _ENGINE, "sglang_tp_size": _ENGINE, "sglang_config": _ENGINE,
+    "sglang_lora_backend": _ENGINE,
     "use_ray": _RAY, "ray_run_name": _RAY, "ray_storage_path": _RAY,
     "ray_storage_filesystem": _RAY, "ray_init_kwargs": _RAY, "resources_per_worker": _RAY,
     "placement_strategy": _RAY,

@@ -38,6 +38,8 @@ class RunConfig:
     disable_tqdm: bool = opt(False, "Hide the progress bar.", advanced=True)
     data_seed: int = opt(-1, "Seed of the data order only (-1: seed).", minimum=-1,
                          advanced=True)
+    disable_shuffling: bool = opt(
+        False, "Keep the training samples in dataset order (no shuffling).", advanced=True)
     dataloader_drop_last: bool = opt(
         False, "Drop each epoch's last micro-batch when it holds fewer samples.",
         advanced=True)

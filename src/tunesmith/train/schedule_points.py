@@ -23,6 +23,12 @@ def epoch_plan(trainer: Trainer, epoch: int) -> list[list[int]]:
     tokens = trainer.loader.batch_tokens
     lengths = getattr(trainer.train, "lengths", None)
     plan = epoch_batches(len(trainer.train), trainer.bs, epoch, seed, lengths, tokens)
+    if run.disable_shuffling:
+        if tokens:
+            raise ConfigError("disable_shuffling: batch_tokens orders samples by length; set "
+                              "one of the two")
+        n = len(trainer.train)
+        plan = [list(range(i, min(i + trainer.bs, n))) for i in range(0, n, trainer.bs)]
     if run.group_by_length:
         if tokens:
             raise ConfigError("group_by_length: batch_tokens already groups by length; set "
