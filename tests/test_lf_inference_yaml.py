@@ -27,7 +27,7 @@ def test_other_backends_stop_with_the_way_to_serve_them(tmp_path, tiny_llama_dir
     path = tmp_path / "infer.yaml"
     path.write_text(f"model_name_or_path: {tiny_llama_dir}\ninfer_backend: {backend}\n")
     assert main(["chat", str(path), "--prompt", "hi"]) != 0
-    assert re.search(f"infer_backend: {backend} is not run by tunesmith.*export",
+    assert re.search(f"infer_backend: {backend} is not run by tunesmith chat.*tunesmith api",
                      capsys.readouterr().err)
 
 

@@ -99,6 +99,11 @@ def check_adapters(adapters: list[str]) -> None:
 class HFEngine:
     """transformers backend: CPU (fp32) or CUDA (bf16), KV cache, streaming, batching."""
 
+    # Text only: the API answers image parts with a 400. A vision-language engine sets this
+    # and receives messages whose content is a list of Hugging Face chat parts
+    # ({"type": "text", "text"} | {"type": "image", "url"}) in encode_chat.
+    accepts_images = False
+
     def __init__(self, model_name_or_path: str, adapter_name_or_path: list[str] | None = None,
                  template: str = "", device: str = "auto", trust_remote_code: bool = False,
                  cache_dir: str | None = None):
@@ -119,11 +124,29 @@ class HFEngine:
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.max_length = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self._lock = threading.Lock()  # one generate() at a time on the shared model
+        self.attention = self.model.config._attn_implementation  # generate() runs with this
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, tokenizer: Any, name: str,
+                   template: str = "") -> HFEngine:
+        """An engine over a model already in memory (benchmarks, tests, the web UI)."""
+        engine = cls.__new__(cls)
+        engine.device = next(model.parameters()).device
+        engine.name, engine.tokenizer = name, tokenizer
+        engine.renderer = _pick_renderer(template, [], tokenizer)
+        engine.model = model.eval()
+        engine.eos_ids = _eos_ids(model, tokenizer)
+        engine.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        engine._lock = threading.Lock()
+        engine.attention = model.config._attn_implementation
+        return engine
 
     # -- prompts ------------------------------------------------------------------------
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Token ids of the rendered conversation followed by the generation prompt."""
-        text = self.renderer.prompt_text(messages)
+
+    def encode_chat(self, messages: list[dict[str, Any]], tools: list | None = None
+                    ) -> list[int]:
+        """Token ids of the rendered conversation (and tools) plus the generation prompt."""
+        text = self.renderer.prompt_text(messages, tools)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def encode_text(self, text: str) -> list[int]:
@@ -169,12 +192,12 @@ class HFEngine:
         kwargs["streamer"] = streamer
         errors: list[BaseException] = []
         thread = self._start_generate(kwargs, shared.seed, streamer, errors)
-        rows = [_Row(TextAssembler(self.tokenizer, p.stop, self.eos_ids), p.max_new_tokens)
+        rows = [RowText(TextAssembler(self.tokenizer, p.stop, self.eos_ids), p.max_new_tokens)
                 for p in params]
         try:
             for new in streamer:  # one new token per row
                 for i, token in enumerate(new):
-                    yield from _advance(i, rows[i], token, cancelled[i])
+                    yield from advance_row(i, rows[i], token, cancelled[i])
                 if all(r.done for r in rows):
                     break
         finally:
@@ -211,6 +234,12 @@ class HFEngine:
         """Chat-render and batch-generate several conversations."""
         return self.generate_batch([self.encode_chat(m) for m in conversations], params)
 
+    def use_attention(self, name: str) -> None:
+        """Switch the model's attention function (the continuous batcher uses its own); call
+        with the lock held. Switching is skipped when it is already in use."""
+        if self.model.config._attn_implementation != name:
+            self.model.set_attn_implementation(name)
+
     # -- internals ----------------------------------------------------------------------
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and attention mask, [B, T], padded on the left."""
@@ -237,6 +266,7 @@ class HFEngine:
 
     def _run_generate(self, kwargs: dict[str, Any], seed: int | None) -> torch.Tensor:
         with self._lock, torch.inference_mode():
+            self.use_attention(self.attention)
             if seed is not None:
                 torch.manual_seed(seed)
             return self.model.generate(**kwargs)
@@ -258,7 +288,7 @@ class HFEngine:
 
 
 @dataclass
-class _Row:
+class RowText:
     """One prompt's progress inside a batched stream."""
 
     text: TextAssembler
@@ -273,7 +303,7 @@ class _Row:
         return Chunk(tail, "stop" if stopped else "length", self.received)
 
 
-def _advance(i: int, row: _Row, token: int, cancelled: threading.Event
+def advance_row(i: int, row: RowText, token: int, cancelled: threading.Event
              ) -> Iterator[tuple[int, Chunk]]:
     if row.done:
         return
