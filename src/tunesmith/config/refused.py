@@ -19,8 +19,9 @@ _TOKEN = ("tokens are never read from a YAML (it ends up in config.resolved.yaml
 _PROFILER = ("the torch profiler hooks are not wired into the loop; profile with "
              "`tunesmith bench` or torch.profiler around `tunesmith.train`")
 _SWANLAB = "SwanLab logging is not available; use report_to: tensorboard or wandb"
-_ENGINE = ("vLLM / SGLang are not run by tunesmith (infer_backend huggingface); export the "
-           "merged model and serve it with them directly")
+_ENGINE = ("engine tuning keys are not passed on: `tunesmith api --infer_backend vllm|sglang` "
+           "starts that engine with tunesmith's flags (--max_model_len, --port, ...); for "
+           "other settings run the engine yourself on the exported model")
 _RAY = ("Ray Train launching is not implemented; launch the same YAML with torchrun "
         "(tunesmith train relaunches itself on all visible GPUs)")
 
