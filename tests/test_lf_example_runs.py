@@ -58,7 +58,8 @@ def test_trainer_keys_through_the_cli(tmp_path, tiny_llama_dir, alpaca_file):
             "group_by_length": True, "rope_scaling": "linear", "model_max_length": 1024,
             "model_revision": "main", "use_fast_tokenizer": True, "low_cpu_mem_usage": False,
             "print_param_status": True, "additional_target": "lm_head",
-            "ddp_find_unused_parameters": True, "neftune_noise_alpha": 5.0}
+            "ddp_find_unused_parameters": True, "neftune_noise_alpha": 5.0,
+            "log_level": "info"}
     yaml_path = write_run_yaml("train_lora/qwen3_lora_sft.yaml", str(tiny_llama_dir),
                                str(alpaca_file), tmp_path, **keys)
     assert main(["train", str(yaml_path)]) == 0

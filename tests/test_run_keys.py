@@ -277,3 +277,13 @@ def test_disable_shuffling_keeps_dataset_order():
     plan = epoch_plan(_trainer(n=10, bs=4, disable_shuffling=True), 3)
     assert plan == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
     assert epoch_plan(_trainer(n=10, bs=4), 3) != plan
+
+
+@pytest.mark.parametrize("strategy,expected", [("steps", [1, 3, 6, 9, 10]),
+                                               ("epoch", [1, 4, 8, 10]), ("no", [1, 10])])
+def test_logging_strategy_points(strategy, expected):
+    from tunesmith.train.schedule_points import log_due
+
+    run = RunConfig(logging_strategy=strategy, logging_first_step=True)
+    cfg = TrainingConfig(logging_steps=3)
+    assert [s for s in range(1, 11) if log_due(s, cfg, run, 10, steps_per_epoch=4)] == expected

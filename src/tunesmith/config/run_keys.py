@@ -29,6 +29,12 @@ class RunConfig:
     early_stopping_steps: int = opt(
         0, "Stop after this many evaluations without improvement of metric_for_best_model "
         "(0: never).", minimum=0, advanced=True)
+    logging_strategy: Literal["steps", "epoch", "no"] = opt(
+        "steps", "When to log metrics: every logging_steps (steps), at each epoch's end "
+        "(epoch), or only the last step (no).", advanced=True)
+    log_level: Literal["passive", "debug", "info", "warning", "error", "critical"] = opt(
+        "passive", "tunesmith's log level on the main process (passive: the default, info).",
+        advanced=True)
     logging_first_step: bool = opt(False, "Also log the first optimizer step.",
                                    advanced=True)
     logging_dir: str = opt("", "Folder for tensorboard event files (default: output_dir).",

@@ -278,7 +278,7 @@ class Trainer:
                 s.last_loss = loss
             s.elapsed = time.perf_counter() - start
             bar.update(1)
-            if log_due(s.step, cfg, self.run_cfg, self.total_steps):
+            if log_due(s.step, cfg, self.run_cfg, self.total_steps, self.steps_per_epoch):
                 self._log(window_losses, norm, bar)
                 window_losses = []
             if cfg.eval_steps and s.step % cfg.eval_steps == 0 and cfg.eval_strategy != "no":

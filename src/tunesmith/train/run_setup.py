@@ -70,6 +70,8 @@ def master_dtype(cfg: Config, device: torch.device) -> torch.dtype:
 def check_run_keys(cfg: Config) -> None:
     """Values tunesmith cannot honour stop the run; inert LLaMA-Factory keys warn."""
     r = cfg.run
+    if r.log_level != "passive" and logging.getLogger("tunesmith").level < logging.ERROR:
+        logging.getLogger("tunesmith").setLevel(r.log_level.upper())  # rank 0 only
     if not r.save_safetensors:
         raise ConfigError("save_safetensors: false asks for pickle (.bin) weights, which "
                           "tunesmith never writes; remove the key")

@@ -67,9 +67,15 @@ def length_grouped(plan: list[list[int]], length_of: Callable[[int], int], batch
     return batches
 
 
-def log_due(step: int, cfg: TrainingConfig, run: RunConfig, total: int) -> bool:
-    return step % cfg.logging_steps == 0 or step == total or (run.logging_first_step
-                                                              and step == 1)
+def log_due(step: int, cfg: TrainingConfig, run: RunConfig, total: int,
+            steps_per_epoch: int = 0) -> bool:
+    """logging_strategy: steps (every logging_steps), epoch (at epoch ends), no (the last
+    step only); logging_first_step adds step 1."""
+    if step == total or (run.logging_first_step and step == 1):
+        return True
+    if run.logging_strategy == "epoch":
+        return bool(steps_per_epoch) and step % steps_per_epoch == 0
+    return run.logging_strategy == "steps" and step % cfg.logging_steps == 0
 
 
 def save_due(trainer: Trainer, start_epoch: int) -> bool:
