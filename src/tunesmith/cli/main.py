@@ -59,6 +59,10 @@ def cmd_train(args: list[str]) -> int:
         return 0
     path, overrides = parse_cli_args(args)
     cfg = load_config(path, overrides)  # checked once, before any process is started
+    if (cfg.eval.do_predict or cfg.eval.predict_with_generate) and not cfg.data.dataset:
+        from tunesmith.cli.evaluate import cmd_eval  # LF's predict YAMLs: no training data
+
+        return cmd_eval(args)
     from tunesmith.config.environment import distributed_env, launch_env
     from tunesmith.distributed.launch import gpu_count, processes_to_launch, relaunch, run_recorded
 

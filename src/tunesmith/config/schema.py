@@ -11,10 +11,16 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from tunesmith.config.export_quant_keys import ExportQuantConfig
 from tunesmith.config.fields import opt
+from tunesmith.config.infer_keys import InferConfig
+from tunesmith.config.method_keys import MethodConfig
+from tunesmith.config.optim_keys import OptimConfig
+from tunesmith.config.run_keys import RunConfig
 from tunesmith.config.speed import SpeedConfig
+from tunesmith.config.vocab_keys import VocabConfig
 
-FinetuningType = Literal["lora", "freeze", "full"]
+FinetuningType = Literal["lora", "oft", "freeze", "full"]
 Stage = Literal["sft", "pt"]
 Scheduler = Literal["linear", "cosine", "constant", "constant_with_warmup"]
 ReportTo = Literal["none", "tensorboard", "wandb"]
@@ -272,6 +278,12 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
     speed: SpeedConfig = field(default_factory=SpeedConfig)
     multimodal: MultimodalConfig = field(default_factory=MultimodalConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)  # LLaMA-Factory keys (issue 15)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    infer: InferConfig = field(default_factory=InferConfig)
+    export_quant: ExportQuantConfig = field(default_factory=ExportQuantConfig)
+    vocab: VocabConfig = field(default_factory=VocabConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -282,7 +294,7 @@ class Config:
 
 
 SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "speed",
-            "multimodal")
+            "multimodal", "optim", "method", "run", "infer", "export_quant", "vocab")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

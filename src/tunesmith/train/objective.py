@@ -16,6 +16,7 @@ from tunesmith.kernels.linear_ce import (
     chunked_linear_cross_entropy,
     linear_cross_entropy_reference,
 )
+from tunesmith.kernels.token_weights import TokenLoss, row_losses_reference
 from tunesmith.models.loader import split_causal_lm
 from tunesmith.train.vision_forward import language_uses, packed_vision_hidden
 
@@ -90,24 +91,39 @@ class NextTokenObjective:
     """Cross-entropy on the trained next tokens (SFT: assistant tokens; pt: all tokens),
     computed from hidden states so the full logits are never materialised."""
 
-    def __init__(self, loss_impl: str = "chunked", chunk_size: int = 0):
+    def __init__(self, loss_impl: str = "chunked", chunk_size: int = 0,
+                 token_loss: TokenLoss | None = None):
         self.loss_impl, self.chunk_size = loss_impl, chunk_size
+        self.token_loss = token_loss or TokenLoss()  # DFT / EAFT / label smoothing
 
     def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        rows, head = self.target_rows(model, batch)
+        return self.rows_loss(rows, head, batch)
+
+    @staticmethod
+    def target_rows(model: torch.nn.Module, batch: Batch
+                    ) -> tuple[torch.Tensor, torch.nn.Module]:
+        """Final hidden states of the rows that have a target [K, H], and the output head."""
         trunk, head = split_causal_lm(model)
         if packed_varlen_vision(batch, trunk):
             hidden = packed_vision_hidden(trunk, batch.input_ids, varlen_vision_inputs(batch))
         else:
             out = trunk(input_ids=batch.input_ids, use_cache=False, **trunk_inputs(batch, trunk))
             hidden = out.last_hidden_state  # [B, T, H]
-        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index)  # [K, H]
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index), head
+
+    def rows_loss(self, rows: torch.Tensor, head: torch.nn.Module, batch: Batch
+                  ) -> torch.Tensor:
+        """Summed loss of the target rows [K, H] through `head`."""
         if getattr(head, "bias", None) is not None:  # rare; the plain path handles the bias
             logits = head(rows).float()
-            return torch.nn.functional.cross_entropy(logits, batch.target_ids, reduction="sum")
+            return row_losses_reference(logits, batch.target_ids, self.token_loss).sum()
         if self.loss_impl == "reference":
-            return linear_cross_entropy_reference(rows, head.weight, batch.target_ids)
+            return linear_cross_entropy_reference(rows, head.weight, batch.target_ids,
+                                                  self.token_loss)
         chunk = self.chunk_size or auto_chunk_rows(head.weight.shape[0])
-        return chunked_linear_cross_entropy(rows, head.weight, batch.target_ids, chunk)
+        return chunked_linear_cross_entropy(rows, head.weight, batch.target_ids, chunk,
+                                            self.token_loss)
 
 
 def packed_attention_mask(segment_ids: torch.Tensor, dtype: torch.dtype | None = None
