@@ -53,7 +53,7 @@ def test_all_problems_reported_at_once_with_location(tmp_path):
     ("learning_rate", -1.0, "learning_rate: -1.0 is out of range; it must be > 0"),
     ("learning_rate", "fast", "expected a number, got 'fast'"),
     ("bf16", "maybe", "expected true or false"),
-    ("finetuning_type", "qlora", "'qlora' is not one of lora, freeze, full"),
+    ("finetuning_type", "qlora", "'qlora' is not one of lora, oft, freeze, full"),
     ("warmup_ratio", 1.5, "warmup_ratio: 1.5 is out of range; it must be <= 1"),
     ("val_size", 2.5, "must be a fraction below 1 or a whole count"),
 ])

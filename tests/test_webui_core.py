@@ -28,7 +28,7 @@ def ws(tmp_path) -> Workspace:
 def test_form_has_every_schema_key_with_its_metadata():
     specs = {s.key: s for s in form_fields()}
     assert list(specs) == list(field_index())
-    assert specs["finetuning_type"].choices == ("lora", "freeze", "full")
+    assert specs["finetuning_type"].choices == ("lora", "oft", "freeze", "full")
     assert specs["learning_rate"].kind == "float" and specs["learning_rate"].minimum == 0
     assert specs["lora_target"].kind == "list" and specs["adam_beta1"].advanced
     assert specs["trust_remote_code"].default is False

@@ -13,7 +13,7 @@ LAYERS: dict[str, int] = {
     "train": 3, "infer": 3, "export": 3, "evaluation": 3,
     "recipes": 4, "stages": 4, "benchmarks": 4,
     "serve": 5, "webui": 5,
-    "cli": 6, "__main__": 6, "__init__": 0, "resources": 0,
+    "cli": 6, "api": 6, "__main__": 6, "__init__": 0, "resources": 0,
 }
 
 

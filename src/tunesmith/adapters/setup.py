@@ -7,6 +7,15 @@ import re
 
 import torch
 
+from tunesmith.adapters.variants import (
+    apply_oft,
+    check_method,
+    extra_module_params,
+    llama_pro_layers,
+    lora_extras,
+)
+from tunesmith.adapters.vision import VisionParts, freeze_parts, lora_targets
+from tunesmith.config.method_keys import MethodConfig
 from tunesmith.config.schema import FinetuningConfig
 from tunesmith.errors import ConfigError
 
@@ -23,19 +32,29 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
-def apply_lora(model: torch.nn.Module, cfg: FinetuningConfig) -> torch.nn.Module:
-    from peft import LoraConfig, get_peft_model
-
+def target_modules(model: torch.nn.Module, wanted: list[str], key: str) -> list[str]:
     available = linear_module_names(model)
-    targets = available if cfg.lora_target in (["all"], []) else cfg.lora_target
+    targets = available if wanted in (["all"], []) else wanted
     missing = [t for t in targets if t not in available]
     if missing:
-        raise ConfigError(f"lora_target: {', '.join(missing)} not found in the model; its linear "
+        raise ConfigError(f"{key}: {', '.join(missing)} not found in the model; its linear "
                           f"modules are {', '.join(available)} (or use all)")
+    return targets
+
+
+def apply_lora(model: torch.nn.Module, cfg: FinetuningConfig,
+               method: MethodConfig | None = None, vision: VisionParts | None = None
+               ) -> torch.nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    targets = target_modules(model, cfg.lora_target, "lora_target")
+    if vision is not None:  # full names inside the unfrozen parts only
+        targets = lora_targets(model, vision, cfg.lora_target)
     peft_cfg = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha or 2 * cfg.lora_rank,
                           lora_dropout=cfg.lora_dropout, target_modules=targets,
                           use_rslora=cfg.use_rslora, use_dora=cfg.use_dora,
-                          task_type="CAUSAL_LM", bias="none")
+                          task_type="CAUSAL_LM", bias="none",
+                          **lora_extras(method or MethodConfig()))
     return get_peft_model(model, peft_cfg)
 
 
@@ -53,13 +72,17 @@ def load_adapters(model: torch.nn.Module, paths: list[str], *, trainable: bool
     return model
 
 
-def apply_freeze(model: torch.nn.Module, cfg: FinetuningConfig) -> torch.nn.Module:
+def apply_freeze(model: torch.nn.Module, cfg: FinetuningConfig,
+                 method: MethodConfig | None = None) -> torch.nn.Module:
+    method = method or MethodConfig()
     layers = _decoder_layer_count(model)
     n = cfg.freeze_trainable_layers
     if n == 0 or abs(n) > layers:
         raise ConfigError(f"freeze_trainable_layers: {n} must be non-zero and at most the "
                           f"model's {layers} layers in size")
     chosen = set(range(layers - n, layers)) if n > 0 else set(range(-n))
+    if method.use_llama_pro:
+        chosen = llama_pro_layers(layers, n)
     modules = cfg.freeze_trainable_modules
     pattern = re.compile(r"\.layers\.(\d+)\.")
     for name, p in model.named_parameters():
@@ -68,6 +91,8 @@ def apply_freeze(model: torch.nn.Module, cfg: FinetuningConfig) -> torch.nn.Modu
         p.requires_grad_(in_layer and (modules == ["all"] or any(f".{x}." in name or
                                                                  name.endswith(f".{x}")
                                                                  for x in modules)))
+    for p in extra_module_params(model, method.freeze_extra_modules):
+        p.requires_grad_(True)
     if not any(p.requires_grad for p in model.parameters()):
         raise ConfigError(f"freeze_trainable_modules: {modules} matched no parameter in the "
                           "trainable layers")
@@ -82,24 +107,36 @@ def _decoder_layer_count(model: torch.nn.Module) -> int:
 
 
 def prepare_trainable(model: torch.nn.Module, cfg: FinetuningConfig,
-                      adapter_paths: list[str]) -> torch.nn.Module:
-    """Apply the finetuning_type; trainable parameters are kept in fp32."""
-    if cfg.finetuning_type == "lora":
+                      adapter_paths: list[str], method: MethodConfig | None = None,
+                      master_dtype: torch.dtype = torch.float32,
+                      vision: VisionParts | None = None) -> torch.nn.Module:
+    """Apply the finetuning_type (and, for a vision-language model, its frozen parts);
+    trainable parameters are kept in `master_dtype` (fp32, or bf16 with pure_bf16)."""
+    method = method or MethodConfig()
+    check_method(cfg, method)
+    kind = cfg.finetuning_type
+    if kind in ("lora", "oft"):
+        keep = adapter_paths and not method.create_new_adapter
         if adapter_paths:
-            model = load_adapters(model, adapter_paths, trainable=True)
-        else:
-            model = apply_lora(model, cfg)
+            model = load_adapters(model, adapter_paths, trainable=bool(keep))
+        if not keep and kind == "lora":
+            model = apply_lora(model, cfg, method, vision)
+        elif not keep:
+            model = apply_oft(model, target_modules(model, method.oft_target, "oft_target"),
+                              method)
     else:
         if adapter_paths:
             model = load_adapters(model, adapter_paths, trainable=False)
-        if cfg.finetuning_type == "freeze":
-            model = apply_freeze(model, cfg)
+        if kind == "freeze":
+            model = apply_freeze(model, cfg, method)
         else:
             for p in model.parameters():
                 p.requires_grad_(True)
+    if vision is not None:
+        freeze_parts(model, vision)
     for p in model.parameters():
-        if p.requires_grad and p.dtype != torch.float32:
-            p.data = p.data.float()
+        if p.requires_grad and p.dtype != master_dtype and p.is_floating_point():
+            p.data = p.data.to(master_dtype)
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     log.info("trainable parameters: %s of %s (%.2f%%)", f"{trainable:,}", f"{total:,}",

@@ -37,6 +37,11 @@ def api_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_request_bytes", type=int, default=10 * 2**20,
                    help="larger request bodies are answered 413 before any parsing or "
                         "tokenisation (default 10 MiB)")
+    p.add_argument("--media_dir", default="",
+                   help="vision models: folder that local image paths in requests must lie in "
+                        "(empty: only data: URLs)")
+    p.add_argument("--allow_remote_media", action="store_true",
+                   help="vision models: fetch http(s) image URLs of requests")
     p.add_argument("--access_log", action="store_true", help="log one line per request "
                    "(method, path, status; never the body)")
     p.add_argument("--infer_backend", default="", help="huggingface (tunesmith's engine, "
@@ -53,6 +58,7 @@ def cmd_api(args: list[str]) -> int:
     from tunesmith.cli.setup import setup_process
     from tunesmith.config.environment import api_key
     from tunesmith.serve.app import ServerSettings, create_app
+    from tunesmith.serve.media import MediaPolicy
     from tunesmith.serve.server import bind_socket, build_server, is_loopback
 
     ns = api_parser().parse_args(args)
@@ -70,7 +76,8 @@ def cmd_api(args: list[str]) -> int:
         cors_origins=[o.strip() for o in ns.cors_origins.split(",") if o.strip()],
         max_queue=ns.max_queue, max_batch=ns.max_batch_size, max_model_len=ns.max_model_len,
         default_max_tokens=ns.max_tokens, cuda_graphs=not ns.enforce_eager,
-        kv_cache_fraction=ns.kv_cache_fraction, max_request_bytes=ns.max_request_bytes)
+        kv_cache_fraction=ns.kv_cache_fraction, max_request_bytes=ns.max_request_bytes,
+        media=MediaPolicy(ns.media_dir, ns.allow_remote_media))
     if not key and not is_loopback(ns.host):
         log.warning("serving on %s without an API key: anyone who can reach this address can "
                     "use the model; set API_KEY or --api_key", ns.host)

@@ -10,17 +10,20 @@ from tunesmith.errors import TunesmithError
 
 def model_args(ns: argparse.Namespace) -> tuple[str, list[str], str, str]:
     """(model, adapters, template, infer_backend) from the flags, or else an optional YAML's
-    keys of the same names (flags win)."""
+    keys of the same names (flags win). The YAML is checked like a training YAML (unknown
+    or unsupported keys stop here, as for LLaMA-Factory's examples/inference files); its
+    trust_remote_code: true turns the flag on."""
     model, adapters, template = ns.model_name_or_path, ns.adapter_name_or_path, ns.template
     backend = getattr(ns, "infer_backend", "")
     if ns.config:
-        from tunesmith.config.loader import read_yaml
+        from tunesmith.config.loader import load_config
 
-        raw = {k: v for k, (v, _) in read_yaml(ns.config).items()}
-        model = model or raw.get("model_name_or_path", "")
-        adapters = adapters or raw.get("adapter_name_or_path") or ""
-        template = template or raw.get("template") or ""
-        backend = backend or raw.get("infer_backend") or ""
+        cfg = load_config(ns.config)
+        model = model or cfg.model.model_name_or_path
+        adapters = adapters or cfg.model.adapter_name_or_path
+        template = template or cfg.model.template
+        backend = backend or cfg.infer.infer_backend
+        ns.trust_remote_code = ns.trust_remote_code or cfg.model.trust_remote_code
     if not model:
         raise TunesmithError("give --model_name_or_path (or a YAML that sets it)")
     adapter_list = adapters if isinstance(adapters, list) else [
@@ -28,10 +31,17 @@ def model_args(ns: argparse.Namespace) -> tuple[str, list[str], str, str]:
     return model, adapter_list, template, backend or "huggingface"
 
 
-def engine_from_args(ns: argparse.Namespace) -> Any:
+def engine_from_args(ns: argparse.Namespace, verb: str = "chat") -> Any:
     """An HFEngine from --model_name_or_path / --adapter_name_or_path / --template (flags win
-    over the same keys of an optional YAML)."""
+    over the same keys of an optional YAML). `tunesmith chat` runs only this engine, so a
+    YAML asking for another backend stops with where that backend is served."""
     from tunesmith.infer.engine import HFEngine
 
-    model, adapter_list, template, _ = model_args(ns)
+    model, adapter_list, template, backend = model_args(ns)
+    if verb == "chat" and backend != "huggingface":
+        raise TunesmithError(f"infer_backend: {backend} is not run by tunesmith chat (from "
+                             f"{ns.config or 'the command line'}): chat uses tunesmith's own "
+                             "engine (infer_backend: huggingface); serve with `tunesmith api "
+                             "CONFIG.yaml`, which hands serving to vLLM or SGLang when "
+                             "installed, or remove the key")
     return HFEngine(model, adapter_list, template, ns.device, ns.trust_remote_code)

@@ -35,6 +35,7 @@ def inspect_target(ns: argparse.Namespace) -> str:
     from tunesmith.data.slot_renderer import make_renderer
     from tunesmith.data.template import load_template_source
     from tunesmith.models.loader import load_tokenizer
+    from tunesmith.models.processor import load_vision_settings
     from tunesmith.models.provision import resolve_model_path
 
     overrides = dict(o.split("=", 1) for o in ns.overrides if "=" in o)
@@ -49,9 +50,11 @@ def inspect_target(ns: argparse.Namespace) -> str:
     model = cfg.model.model_name_or_path or "smollm2-135m-instruct"
     tokenizer = load_tokenizer(resolve_model_path(model, cfg.model.cache_dir or None))
     name, source = load_template_source(cfg.model.template, tokenizer)
-    ctx = DataContext(make_renderer(name, source, tokenizer, cfg.template), tokenizer,
-                      cfg.training.seed,
-                      cfg.finetuning.stage, cfg.training.overwrite_cache)
+    path = resolve_model_path(model, cfg.model.cache_dir or None)
+    vision = load_vision_settings(path, tokenizer, cfg)
+    ctx = DataContext(make_renderer(name, source, tokenizer, cfg.template,
+                                    media=vision is not None), tokenizer, cfg.training.seed,
+                      cfg.finetuning.stage, cfg.training.overwrite_cache, vision, model)
     data = prepare_data(cfg.data, ctx)
     figures = describe(data, cfg.data.cutoff_len)
     if not len(data.train):

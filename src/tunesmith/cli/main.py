@@ -59,6 +59,10 @@ def cmd_train(args: list[str]) -> int:
         return 0
     path, overrides = parse_cli_args(args)
     cfg = load_config(path, overrides)  # checked once, before any process is started
+    if (cfg.eval.do_predict or cfg.eval.predict_with_generate) and not cfg.data.dataset:
+        from tunesmith.cli.evaluate import cmd_eval  # LF's predict YAMLs: no training data
+
+        return cmd_eval(args)
     from tunesmith.config.environment import distributed_env, launch_env
     from tunesmith.distributed.launch import gpu_count, processes_to_launch, relaunch, run_recorded
 
@@ -91,6 +95,8 @@ def cmd_chat(args: list[str]) -> int:
     p.add_argument("--template", default="")
     p.add_argument("--prompt", default=None, help="answer this once and exit")
     p.add_argument("--system", default=None, help="system message")
+    p.add_argument("--image", action="append", default=[],
+                   help="image file shown with the (first) prompt; repeatable")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--top_k", type=int, default=0)
@@ -115,8 +121,9 @@ def cmd_chat(args: list[str]) -> int:
     if ns.prompt is not None and not ns.prompt.strip():
         raise TunesmithError("chat: --prompt is empty; give some text to answer")
     history = [{"role": "system", "content": ns.system}] if ns.system else []
+    shown = {"images": ns.image} if ns.image else {}
     if ns.prompt is not None:
-        _answer(engine, history + [{"role": "user", "content": ns.prompt}], params)
+        _answer(engine, history + [{"role": "user", "content": ns.prompt, **shown}], params)
         return 0
     print("chat with the model; 'clear' forgets the history, 'exit' quits")
     while True:
@@ -131,7 +138,8 @@ def cmd_chat(args: list[str]) -> int:
             continue
         if not text:
             continue
-        history.append({"role": "user", "content": text})
+        history.append({"role": "user", "content": text, **shown})
+        shown = {}  # the images go with the first message
         history.append({"role": "assistant", "content": _answer(engine, history, params)})
 
 

@@ -102,3 +102,11 @@ def use_compile_cache(folder: Path) -> Path:
     if not os.environ.get("TRITON_CACHE_DIR"):
         os.environ["TRITON_CACHE_DIR"] = str(folder / "triton")
     return folder
+
+
+def accelerate_fsdp_env() -> dict[str, str] | None:
+    """The FSDP settings `accelerate launch --config_file` passes to its processes
+    (ACCELERATE_USE_FSDP and FSDP_*), or None when it did not ask for FSDP."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "").lower() not in {"1", "true", "yes"}:
+        return None
+    return {k: v for k, v in os.environ.items() if k.startswith("FSDP_")}

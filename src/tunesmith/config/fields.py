@@ -1,4 +1,6 @@
-"""`opt`: a config field with its documentation and bounds (shared by every section module)."""
+"""`opt`: a config field with its documentation and bounds (the metadata that validation,
+`--help` and the web UI read). Its own module so section modules can use it while
+config/schema.py imports them."""
 
 from __future__ import annotations
 

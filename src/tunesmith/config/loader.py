@@ -14,6 +14,8 @@ from typing import Any
 
 import yaml
 
+from tunesmith.config.lf_keys import llamafactory_keys
+from tunesmith.config.refused import REFUSED_KEYS, refused_message
 from tunesmith.config.schema import (
     Config,
     field_choices,
@@ -126,7 +128,9 @@ def build_config(raw: RawConfig) -> Config:
 
 
 def _unknown_key_message(key: str, where: str, index: dict) -> str:
-    if key in LLAMA_FACTORY_KEYS_NOT_YET_SUPPORTED:
+    if key in REFUSED_KEYS:
+        return refused_message(key, where)
+    if key in LLAMA_FACTORY_KEYS_NOT_YET_SUPPORTED or key in llamafactory_keys():
         return (f"{key}: this LLaMA-Factory key is not supported by tunesmith yet (from {where});"
                 " remove it, or watch the changelog for it")
     near = difflib.get_close_matches(key, list(index), n=3, cutoff=0.6)

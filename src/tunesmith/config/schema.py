@@ -11,11 +11,17 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from tunesmith.config.export_quant_keys import ExportQuantConfig
 from tunesmith.config.fields import opt
+from tunesmith.config.infer_keys import InferConfig
+from tunesmith.config.method_keys import MethodConfig
+from tunesmith.config.optim_keys import OptimConfig
+from tunesmith.config.run_keys import RunConfig
 from tunesmith.config.speed import SpeedConfig
 from tunesmith.config.template_section import TemplateConfig
+from tunesmith.config.vocab_keys import VocabConfig
 
-FinetuningType = Literal["lora", "freeze", "full"]
+FinetuningType = Literal["lora", "oft", "freeze", "full"]
 Stage = Literal["sft", "pt"]
 Scheduler = Literal["linear", "cosine", "constant", "constant_with_warmup"]
 ReportTo = Literal["none", "tensorboard", "wandb"]
@@ -121,9 +127,6 @@ class DataConfig:
         16384, "LLaMA-Factory's streaming shuffle buffer. tunesmith shuffles the whole "
         "tokenised store every epoch, so any value is accepted and no buffer is needed.",
         minimum=1, advanced=True)
-    media_dir: str = opt(
-        "", "Folder that relative image/video/audio paths of the datasets are read from "
-        "(empty: dataset_dir).", advanced=True)
 
 
 @dataclass
@@ -271,6 +274,10 @@ class EvalConfig:
                                     minimum=0, exclusive_min=True)
 
 
+# A section in its own module; imported here, after `opt`, which that module uses.
+from tunesmith.config.multimodal import MultimodalConfig  # noqa: E402
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -280,6 +287,13 @@ class Config:
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     speed: SpeedConfig = field(default_factory=SpeedConfig)
+    multimodal: MultimodalConfig = field(default_factory=MultimodalConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)  # LLaMA-Factory keys (issue 15)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    infer: InferConfig = field(default_factory=InferConfig)
+    export_quant: ExportQuantConfig = field(default_factory=ExportQuantConfig)
+    vocab: VocabConfig = field(default_factory=VocabConfig)
     template: TemplateConfig = field(default_factory=TemplateConfig)
 
     def to_flat(self) -> dict[str, Any]:
@@ -290,7 +304,9 @@ class Config:
         return flat
 
 
-SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "speed", "template")
+SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "speed",
+            "multimodal", "optim", "method", "run", "infer", "export_quant", "vocab",
+            "template")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

@@ -130,13 +130,15 @@ class SlotRenderer:
         return getattr(self.tokenizer, e["special"], None) or ""
 
 
-def make_renderer(name: str, source: str, tokenizer: Any, keys: TemplateConfig | None = None
-                  ) -> Any:
-    """The renderer for `template: name` (source: from load_template_source)."""
+def make_renderer(name: str, source: str, tokenizer: Any, keys: TemplateConfig | None = None,
+                  media: bool = False) -> Any:
+    """The renderer for `template: name` (source: from load_template_source). With media
+    (a vision-language model) the Jinja renderer is used, which expands image and video
+    placeholders; slot templates encode text only."""
     from tunesmith.data.template import ChatRenderer
 
     keys = keys or TemplateConfig()
-    if name not in slot_table():
+    if name not in slot_table() or media:
         if keys.default_system or keys.tool_format:
             raise ConfigError(f"default_system / tool_format: only LLaMA-Factory template "
                               f"names take them, and template is {name or 'empty'!r} (the "

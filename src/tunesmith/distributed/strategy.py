@@ -98,8 +98,10 @@ def fsdp_settings(cfg: TrainingConfig) -> FsdpSettings:
 class Strategy:
     """Single process, DDP and FSDP2 (torch.distributed). DeepSpeed overrides the hooks."""
 
-    def __init__(self, name: StrategyName, ctx: DistContext, cfg: TrainingConfig):
+    def __init__(self, name: StrategyName, ctx: DistContext, cfg: TrainingConfig,
+                 find_unused_parameters: bool = False):
         self.name, self.ctx, self.cfg = name, ctx, cfg
+        self.find_unused_parameters = find_unused_parameters  # DDP: ddp_find_unused_parameters
         self.model: torch.nn.Module | None = None
         self.inner: LossModule | None = None  # unwrapped LossModule (FSDP: the root)
         self.loss_module: torch.nn.Module | None = None  # what the loop calls
@@ -118,7 +120,9 @@ class Strategy:
             # buffers (rotary tables) are computed identically on every rank: no broadcast
             self.loss_module = DistributedDataParallel(self.inner, device_ids=ids,
                                                        broadcast_buffers=False,
-                                                       gradient_as_bucket_view=True)
+                                                       gradient_as_bucket_view=True,
+                                                       find_unused_parameters=(
+                                                           self.find_unused_parameters))
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Engines that own the optimizer (DeepSpeed) take it here."""
@@ -234,14 +238,15 @@ class Strategy:
         """Write engine-private state into a checkpoint being written (all ranks)."""
 
 
-def build_strategy(cfg: TrainingConfig, ctx: DistContext) -> Strategy:
+def build_strategy(cfg: TrainingConfig, ctx: DistContext,
+                   find_unused_parameters: bool = False) -> Strategy:
     """The strategy the config asks for (DeepSpeed is imported only when named)."""
     name = strategy_name(cfg, ctx)
     if name == "deepspeed":
         from tunesmith.distributed.deepspeed import DeepSpeedStrategy
 
         return DeepSpeedStrategy(ctx, cfg)
-    return Strategy(name, ctx, cfg)
+    return Strategy(name, ctx, cfg, find_unused_parameters)
 
 
 def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

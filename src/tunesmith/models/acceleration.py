@@ -117,6 +117,11 @@ def set_attention(model: torch.nn.Module, name: str) -> None:
     if name in ("varlen", VARLEN_ATTENTION):
         name = register_varlen_attention()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    language = getattr(getattr(base, "model", None), "language_model", None)
+    if language is not None and hasattr(base.model, "visual"):
+        # vision-language: the (causal, packed) language model only; the vision tower keeps
+        # its own bidirectional attention
+        base = language
     if getattr(base.config, "_attn_implementation", None) == name:
         return
     if hasattr(base, "set_attn_implementation"):

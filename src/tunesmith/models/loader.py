@@ -10,16 +10,23 @@ import torch
 from tunesmith.config.environment import hub_offline
 from tunesmith.errors import ModelError
 from tunesmith.kernels.attention import VARLEN_ATTENTION, register_varlen_attention
+from tunesmith.models.load_options import LoadOptions, apply_rope_scaling, quantization_config
+from tunesmith.models.processor import is_vision_model
 
 log = logging.getLogger(__name__)
 
 
-def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> Any:
+def load_tokenizer(path: str, *, trust_remote_code: bool = False,
+                   opts: LoadOptions | None = None) -> Any:
     from transformers import AutoTokenizer
 
+    opts = opts or LoadOptions()
+    extra = {"model_max_length": opts.model_max_length} if opts.model_max_length else {}
     try:
         tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
-                                            local_files_only=hub_offline())
+                                            local_files_only=hub_offline(),
+                                            revision=opts.revision,
+                                            use_fast=opts.use_fast_tokenizer, **extra)
     except (OSError, ValueError) as exc:
         raise ModelError(f"could not load the tokenizer of {path!r}: {exc}") from None
     if tok.pad_token is None:
@@ -29,24 +36,39 @@ def load_tokenizer(path: str, *, trust_remote_code: bool = False) -> Any:
 
 def load_causal_lm(path: str, *, dtype: torch.dtype = torch.float32,
                    trust_remote_code: bool = False, attn_implementation: str = "sdpa",
-                   device: torch.device | str = "cpu") -> torch.nn.Module:
+                   device: torch.device | str = "cpu", opts: LoadOptions | None = None
+                   ) -> torch.nn.Module:
     """Load weights through safetensors; a folder holding only pickle weights is refused.
-    tunesmith's own attention functions are registered before transformers checks the name."""
-    from transformers import AutoModelForCausalLM
+    tunesmith's own attention functions are registered before transformers checks the name.
+    A vision-language model folder loads through transformers' image-text-to-text class.
+    `opts`: revision, low-memory loading, RoPE scaling, bitsandbytes quantisation."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
+    opts = opts or LoadOptions()
+    vision = is_vision_model(path)
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     if attn_implementation in ("varlen", VARLEN_ATTENTION):
-        attn_implementation = register_varlen_attention()
-
+        # a vision-language model loads with sdpa (its vision tower keeps it) and switches
+        # only its language model afterwards (models/acceleration.set_attention)
+        attn_implementation = "sdpa" if vision else register_varlen_attention()
+    quant = quantization_config(opts, dtype)
+    placement = {"device_map": {"": torch.device(device)}} if quant is not None else {}
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, trust_remote_code=trust_remote_code, use_safetensors=True,
-            attn_implementation=attn_implementation, local_files_only=hub_offline())
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                            local_files_only=hub_offline(),
+                                            revision=opts.revision)
+        apply_rope_scaling(config, opts)
+        model = auto.from_pretrained(
+            path, config=config, dtype=dtype, trust_remote_code=trust_remote_code,
+            use_safetensors=True, attn_implementation=attn_implementation,
+            local_files_only=hub_offline(), revision=opts.revision,
+            low_cpu_mem_usage=opts.low_cpu_mem_usage, quantization_config=quant, **placement)
     except (OSError, ValueError) as exc:
         text = str(exc)
         hint = (" The folder may hold only .bin (pickle) weights, which tunesmith does not load; "
                 "convert them to safetensors first." if "safetensors" in text else "")
         raise ModelError(f"could not load model {path!r}: {text}{hint}") from None
-    return model.to(device)
+    return model if quant is not None else model.to(device)
 
 
 def split_causal_lm(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
@@ -54,6 +76,8 @@ def split_causal_lm(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.M
     looking through a PEFT wrapper. Both are the live modules (adapters included)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     trunk = base.get_decoder() if hasattr(base, "get_decoder") else None
+    if hasattr(getattr(base, "model", None), "visual"):  # vision-language: the whole trunk
+        trunk = base.model
     head = base.get_output_embeddings()
     if trunk is None or head is None:
         raise ModelError(f"{type(base).__name__} exposes no decoder/output head; tunesmith needs "

@@ -12,6 +12,7 @@ from pathlib import Path
 from tunesmith.config.schema import Config
 from tunesmith.errors import ConfigError
 from tunesmith.export.card import render_card
+from tunesmith.export.gptq import check_gptq, quantize_folder
 from tunesmith.export.hf_folder import write_hf_folder
 from tunesmith.export.merge import merge_adapters
 from tunesmith.export.staging import check_export_dir, staged_dir
@@ -40,11 +41,18 @@ def run_export(cfg: Config) -> Path:
         from tunesmith.export.gguf_file import check_gguf_supported
 
         check_gguf_supported(cfg.model)  # fail before the (long) merge
+    quant = cfg.export_quant
+    if quant.export_quantization_bit:
+        check_gptq(quant, e.export_format)
     merged = merge_adapters(cfg.model, e.export_device)
     with staged_dir(out) as tmp:
         if e.export_format == "hf":
             files = write_hf_folder(merged, tmp, e.export_size)
             kind = "Hugging Face safetensors"
+            if quant.export_quantization_bit:
+                quantize_folder(tmp, quant, e.export_size)
+                files = sorted(p.name for p in tmp.iterdir())
+                kind = f"Hugging Face safetensors, GPTQ {quant.export_quantization_bit}-bit"
         else:
             from tunesmith.export.gguf_file import write_gguf
             from tunesmith.export.modelfile import write_modelfile

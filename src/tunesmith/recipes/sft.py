@@ -17,6 +17,8 @@ import torch
 
 from tunesmith import __version__
 from tunesmith.adapters.setup import prepare_trainable
+from tunesmith.adapters.variants import save_pissa_converted, save_pissa_init
+from tunesmith.adapters.vision import VisionParts
 from tunesmith.config.environment import cache_root, distributed_env
 from tunesmith.config.loader import dump_config
 from tunesmith.config.schema import Config
@@ -44,7 +46,14 @@ from tunesmith.models.compile_cache import (
     save_compile_cache,
 )
 from tunesmith.models.flops import batch_flops, build_flop_model
+from tunesmith.models.fp8 import convert_to_fp8
 from tunesmith.models.loader import load_causal_lm, load_tokenizer
+from tunesmith.models.neftune import add_neftune
+from tunesmith.models.processor import (
+    is_vision_model,
+    load_vision_settings,
+    save_processor_files,
+)
 from tunesmith.models.provision import resolve_model_path
 from tunesmith.models.speed import (
     CompileGuard,
@@ -61,8 +70,19 @@ from tunesmith.runs.folder import (
     list_checkpoints,
     lock_run_folder,
 )
+from tunesmith.train.launcher_env import apply_launcher_env
 from tunesmith.train.loop import Trainer
 from tunesmith.train.metrics import MetricsLog, plot_loss
+from tunesmith.train.run_setup import (
+    build_objective,
+    check_run_keys,
+    check_wrap_class,
+    extend_vocab,
+    grow_embeddings,
+    load_options,
+    log_param_status,
+    master_dtype,
+)
 from tunesmith.train.summary import reset_lever_counts, speed_report, write_summary
 
 log = logging.getLogger(__name__)
@@ -121,6 +141,8 @@ def _run_sft(cfg: Config) -> dict[str, Any]:
     m, f, t = cfg.model, cfg.finetuning, cfg.training
     if not m.model_name_or_path:
         raise ConfigError("model_name_or_path: not set; e.g. smollm2-135m-instruct")
+    check_run_keys(cfg)
+    apply_launcher_env(cfg)  # deepspeed's --local_rank, accelerate's FSDP settings
     started = time.perf_counter()
     graphs_before = reset_lever_counts()
     offload = bool(t.fsdp) and fsdp_settings(t).cpu_offload
@@ -128,37 +150,47 @@ def _run_sft(cfg: Config) -> dict[str, Any]:
     out = check_output_dir_once(cfg, ctx)
     device = ctx.device
     model_path = resolve_model_path(m.model_name_or_path, m.cache_dir or None)
-    tokenizer = load_tokenizer(model_path, trust_remote_code=m.trust_remote_code)
+    tokenizer = load_tokenizer(model_path, trust_remote_code=m.trust_remote_code,
+                               opts=load_options(cfg))
+    described = extend_vocab(tokenizer, cfg)  # add_tokens etc., before tokenising the data
     template_name, template_source = load_template_source(m.template, tokenizer)
-    renderer = make_renderer(template_name, template_source, tokenizer, cfg.template)
+    vision = load_vision_settings(model_path, tokenizer, cfg)  # None: a text-only model
+    renderer = make_renderer(template_name, template_source, tokenizer, cfg.template,
+                             media=vision is not None)
     data = prepare_on_main(
         lambda: prepare_data(cfg.data, DataContext(renderer, tokenizer, t.seed, f.stage,
-                                                   t.overwrite_cache)),
+                                                   t.overwrite_cache, vision,
+                                                   m.model_name_or_path)),
         out / ".cache", "prepared-data", ctx, t.ddp_timeout)
     train_items = apply_packing(data, cfg.data)
     if ctx.is_main:
         dump_config(cfg, out / "config.resolved.yaml")
 
-    model, plan = build_model(cfg, model_path, device)  # same seed on every rank: same init
+    model, plan = build_model(cfg, model_path, device,  # same seed on every rank: same init
+                              vocab=(tokenizer, described))
     check_added_tokens(renderer, model.get_input_embeddings().num_embeddings)
-    from tunesmith.train.objective import NextTokenObjective
 
     flop_model = build_flop_model(model, full=f.finetuning_type == "full")
     save_artifacts = partial(_save_model, model=model, tokenizer=tokenizer,
                              template_source=template_source, cfg=cfg)
-    metrics = MetricsLog(out / METRICS_FILE, t.report_to, out) if ctx.is_main else None
-    lora = f.finetuning_type == "lora"
+    metrics = (MetricsLog(out / METRICS_FILE, t.report_to, out, cfg.run.logging_dir,
+                          cfg.run.run_name) if ctx.is_main else None)
+    lora = f.finetuning_type in ("lora", "oft")  # an adapter is the output
     d = cfg.data
     loader = LoaderOptions(d.batch_tokens, d.dataloader_num_workers, d.dataloader_pin_memory,
                            d.dataloader_prefetch_factor, d.dataloader_persistent_workers)
-    trainer = Trainer(model, NextTokenObjective(t.loss_impl, t.loss_chunk_size), train_items,
+    objective = build_objective(cfg, model)
+    trainer = Trainer(model, objective, train_items,
                       data.val, t, pad_id=tokenizer.pad_token_id, device=device,
                       output_dir=out, metrics=metrics,
                       checkpoint_extra=save_artifacts if lora else None,
                       flops_per_token=partial(batch_flops, flop_model),
-                      strategy=build_strategy(t, ctx), loader=loader)
+                      strategy=build_strategy(t, ctx, cfg.run.ddp_find_unused_parameters),
+                      loader=loader, optim=cfg.optim, run=cfg.run)
     trainer.compile_guard = CompileGuard(model, plan)
     cache = _open_compile_cache(cfg, model, plan)
+    if cfg.method.pissa_convert and ctx.is_main and not t.resume_from_checkpoint:
+        save_pissa_init(model, out)
     if t.resume_from_checkpoint:
         trainer.resume(t.resume_from_checkpoint)
     try:
@@ -177,6 +209,8 @@ def _run_sft(cfg: Config) -> dict[str, Any]:
     summary: dict[str, Any] = {}
     if ctx.is_main:
         save_artifacts(out, state_dict=gathered)
+        if cfg.method.pissa_convert:
+            save_pissa_converted(model, out)
         speed = speed_report(plan, started, trainer.throughput.first_step_end, graphs_before)
         speed["compile_cache"] = cache.report() if cache is not None else None
         summary = write_summary(out, cfg, result, data.report, device, speed=speed)
@@ -184,18 +218,32 @@ def _run_sft(cfg: Config) -> dict[str, Any]:
     return summary
 
 
-def build_model(cfg: Config, model_path: str, device: torch.device
+def build_model(cfg: Config, model_path: str, device: torch.device,
+                vocab: tuple[Any, dict[str, str]] | None = None
                 ) -> tuple[torch.nn.Module, SpeedPlan]:
-    """The base model on `device` with its trainable parameters and speed levers set up."""
+    """The base model on `device` with its trainable parameters and speed levers set up;
+    `vocab`: the tokenizer (with added tokens) and token descriptions the embeddings must
+    follow."""
     m, t = cfg.model, cfg.training
     torch.manual_seed(t.seed)
     plan = plan_attention(cfg, device)  # before loading: transformers checks the name
     model = load_causal_lm(model_path, dtype=_base_dtype(cfg, device),
                            trust_remote_code=m.trust_remote_code,
-                           attn_implementation=plan.attention, device=device)
-    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path)
+                           attn_implementation=plan.attention, device=device,
+                           opts=load_options(cfg))
+    check_wrap_class(model, cfg)
+    method = grow_embeddings(model, vocab[0], cfg, vocab[1]) if vocab else cfg.method
+    parts = VisionParts.from_config(cfg.multimodal) if is_vision_model(model_path) else None
+    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path, method,
+                              master_dtype(cfg, device), parts)
+    if cfg.method.fp8:
+        convert_to_fp8(model, device, cfg.method.fp8_enable_fsdp_float8_all_gather)
     plan_compile(plan, cfg, device, getattr(model.config, "model_type", ""))
     apply_speed_settings(model, cfg, plan)
+    if cfg.run.neftune_noise_alpha:
+        add_neftune(model, cfg.run.neftune_noise_alpha)
+    if cfg.run.print_param_status:
+        log_param_status(model)
     return model, plan
 
 
@@ -238,6 +286,8 @@ def _open_compile_cache(cfg: Config, model: torch.nn.Module, plan: SpeedPlan
 def _base_dtype(cfg: Config, device: torch.device) -> torch.dtype:
     if device.type != "cuda":
         return torch.float32
+    if cfg.method.pure_bf16:
+        return torch.bfloat16
     frozen_base = cfg.finetuning.finetuning_type != "full"
     if frozen_base and cfg.training.bf16:
         return torch.bfloat16
@@ -258,6 +308,8 @@ def _save_model(folder: Path, *, model: torch.nn.Module, tokenizer: Any, templat
         model.save_pretrained(str(folder), state_dict=state_dict)
     tokenizer.chat_template = template_source
     tokenizer.save_pretrained(str(folder))
+    save_processor_files(resolve_model_path(cfg.model.model_name_or_path,
+                                            cfg.model.cache_dir or None), folder)
     info = {"tunesmith_version": __version__,
             "model_name_or_path": cfg.model.model_name_or_path,
             "template": cfg.model.template or "tokenizer",

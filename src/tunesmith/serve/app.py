@@ -13,11 +13,17 @@ import contextlib
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tunesmith.errors import DataError, ModelError, TunesmithError, UnsupportedModelError
+from tunesmith.errors import (
+    ConfigError,
+    DataError,
+    ModelError,
+    TunesmithError,
+    UnsupportedModelError,
+)
 
 try:  # the one place the server's optional dependencies are imported
     import uvicorn  # noqa: F401
@@ -30,8 +36,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
                          "pip install 'tunesmith[serve]'") from None
 
 from tunesmith.infer.engine import Chunk, Completion, GenerationParams, HFEngine
+from tunesmith.infer.vision import encode_vision_prompt, has_images
 from tunesmith.serve.errors import APIError, error_body
 from tunesmith.serve.limits import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
+from tunesmith.serve.media import MediaPolicy, load_request_images
 from tunesmith.serve.protocol import ChatCompletionRequest, CompletionRequest
 from tunesmith.serve.responses import (
     DONE,
@@ -62,6 +70,7 @@ class ServerSettings:
     cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (GPU)
     kv_cache_fraction: float = 0.85  # share of free GPU memory for the KV cache
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413, never parsed
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # where request images may come from
 
 
 def parse_body(raw: bytes, model: type[T]) -> T:
@@ -112,13 +121,20 @@ class Service:
             raise APIError(400, "messages: every message is empty; send a user message with "
                            "some text", param="messages", code="empty_prompt")
         tools = req.template_tools()
+        extra: dict[str, Any] | None = None  # pixel inputs of a vision-language prompt
         try:
-            ids = self.engine.encode_chat(conv, tools)
-        except DataError as exc:
+            if has_images(conv):
+                conv = load_request_images(conv, self.settings.media)
+                ids, extra = encode_vision_prompt(conv, self.engine.renderer,
+                                                  self.engine.tokenizer, self.engine.vision,
+                                                  self.engine.model)
+            else:
+                ids = self.engine.encode_chat(conv, tools)
+        except (DataError, ConfigError) as exc:
             raise APIError(400, f"messages: {exc}", param="messages",
                            code="invalid_messages") from None
         meta = ResponseMeta("chat", self.settings.model_name, tools=tools is not None)
-        return await self._respond(meta, req, [ids])
+        return await self._respond(meta, req, [ids], extra)
 
     async def completions(self, raw: bytes) -> Any:
         req = parse_body(raw, CompletionRequest)
@@ -166,10 +182,13 @@ class Service:
             raise APIError(400, "; ".join(problems), code="invalid_value")
         return params
 
-    async def _respond(self, meta: ResponseMeta, req: Request, prompts: list[list[int]]) -> Any:
+    async def _respond(self, meta: ResponseMeta, req: Request, prompts: list[list[int]],
+                       extra: dict[str, Any] | None = None) -> Any:
+        """`extra`: a vision prompt's pixel inputs; such a request generates on its own."""
         params = self.params(req, prompts)
         prompt_tokens = sum(len(p) for p in prompts)
-        items = self._open(choice_jobs(prompts, req.n, params))
+        jobs = choice_jobs(prompts, req.n, params)
+        items = self._open(jobs) if extra is None else self._open_with_pixels(jobs, extra)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
             events = self._events(meta, items, prompt_tokens, usage)
@@ -189,6 +208,22 @@ class Service:
         except ModelError as exc:  # the batcher's own context check (its cache slots)
             raise APIError(400, str(exc), param="max_tokens",
                            code="context_length_exceeded") from None
+
+    def _open_with_pixels(self, jobs: list[tuple[list[int], GenerationParams]],
+                          extra: dict[str, Any]) -> AsyncIterator[tuple[int, Chunk]]:
+        """A vision-language prompt: its choices stream in turn in the worker thread, each
+        generating with the prompt's pixel inputs (vision models are served by the
+        one-generate-at-a-time worker, see build_streams)."""
+        def make() -> Iterator[tuple[int, Chunk]]:
+            for index, (ids, params) in enumerate(jobs):
+                with contextlib.closing(self.engine.stream_ids(ids, params, extra)) as chunks:
+                    for chunk in chunks:
+                        yield index, chunk
+
+        try:
+            return self.worker.open(make)
+        except QueueFull:
+            raise _busy() from None
 
     async def _events(self, meta: ResponseMeta, items: AsyncIterator[tuple[int, Chunk]],
                       prompt_tokens: int, usage: bool) -> AsyncIterator[str]:
@@ -277,6 +312,9 @@ def build_streams(engine: HFEngine, settings: ServerSettings) -> Any:
                              memory_fraction=settings.kv_cache_fraction,
                              cuda_graphs=settings.cuda_graphs)
     try:
+        if engine.vision is not None:
+            raise UnsupportedModelError("pixel inputs of vision-language prompts are not "
+                                        "batched yet")
         return BatcherStreams(ContinuousBatcher(engine, options))
     except UnsupportedModelError as exc:
         log.warning("continuous batching is off for this model (%s); requests are served "

@@ -30,6 +30,9 @@ class ImageURL(_Strict):
 
 
 class ImagePart(_Strict):
+    """An image (vision-language models): a data: URL, an allowed local path, or a remote
+    URL when the server allows fetching."""
+
     type: Literal["image_url"]
     image_url: ImageURL
 
@@ -75,11 +78,12 @@ class ChatMessage(_Strict):
     tool_call_id: str | None = None
 
     def text(self) -> str:
+        """The text, with an <image> placeholder where each image part stands."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+        return "".join(p.text if isinstance(p, TextPart) else "<image>" for p in self.content)
 
     def image_urls(self) -> list[str]:
         if not isinstance(self.content, list):
@@ -90,10 +94,8 @@ class ChatMessage(_Strict):
         """The message as chat templates expect it (tool-call arguments as objects)."""
         d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
                              "content": self.text()}
-        if self.image_urls():  # Hugging Face's multimodal chat shape, in the request's order
-            d["content"] = [{"type": "image", "url": p.image_url.url}
-                            if isinstance(p, ImagePart) else {"type": "text", "text": p.text}
-                            for p in self.content]  # type: ignore[union-attr]
+        if self.image_urls():  # text with an <image> per image part, in the request's order
+            d["images"] = self.image_urls()
         if self.tool_calls:
             d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
                 "name": c.function.name, "arguments": json.loads(c.function.arguments)}}

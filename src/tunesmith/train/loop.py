@@ -23,8 +23,10 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from tunesmith.config.optim_keys import OptimConfig
+from tunesmith.config.run_keys import RunConfig
 from tunesmith.config.schema import TrainingConfig
-from tunesmith.data.batching import Batch, collate, epoch_batches
+from tunesmith.data.batching import Batch, collate
 from tunesmith.data.encode import EncodedSample
 from tunesmith.data.loader import LoaderOptions, batch_iterator
 from tunesmith.distributed.context import (
@@ -37,11 +39,13 @@ from tunesmith.distributed.strategy import Strategy
 from tunesmith.errors import ConfigError, TrainingError
 from tunesmith.models.acceleration import activation_offload
 from tunesmith.runs.folder import latest_checkpoint
+from tunesmith.train.best import BestTracker
 from tunesmith.train.memory import MicroBatchSizer, out_of_memory_message
 from tunesmith.train.metrics import MetricsLog
 from tunesmith.train.objective import Objective
 from tunesmith.train.optim import build_optimizer, build_scheduler
 from tunesmith.train.saving import resume_trainer, save_trainer
+from tunesmith.train.schedule_points import epoch_plan, log_due, save_due
 from tunesmith.train.stopping import GracefulStop
 from tunesmith.train.throughput import Throughput
 
@@ -77,8 +81,10 @@ class Trainer:
                  *, pad_id: int, device: torch.device, output_dir: Path,
                  metrics: MetricsLog | None, checkpoint_extra: Any = None,
                  flops_per_token: Any = None, strategy: Strategy | None = None,
-                 loader: LoaderOptions | None = None):
+                 loader: LoaderOptions | None = None, optim: OptimConfig | None = None,
+                 run: RunConfig | None = None):
         self.model, self.objective, self.cfg = model, objective, cfg
+        self.run_cfg = run or RunConfig()  # LLaMA-Factory trainer keys (config/run_keys.py)
         self.train, self.val = train, val
         self.pad_id, self.device, self.output_dir = pad_id, device, output_dir
         self.metrics, self.checkpoint_extra = metrics, checkpoint_extra  # metrics: rank 0 only
@@ -92,8 +98,9 @@ class Trainer:
         self.steps_per_epoch = steps_in_plan(len(self.epoch_plan(0)), self.accum, self.world)
         self.total_steps = cfg.max_steps or math.ceil(cfg.num_train_epochs * self.steps_per_epoch)
         self.strategy.wrap(model, objective)  # before the optimizer: FSDP2 shards parameters
-        self.optimizer = build_optimizer(model, cfg)
-        self.scheduler = build_scheduler(self.optimizer, cfg, self.total_steps)
+        self.optimizer = build_optimizer(model, cfg, optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg, self.total_steps,
+                                         self.run_cfg.lr_scheduler_kwargs)
         self.strategy.attach_optimizer(self.optimizer)
         self.amp_dtype = _amp_dtype(cfg, device)
         own_scaler = self.amp_dtype == torch.float16 and self.strategy.name != "deepspeed"
@@ -110,15 +117,15 @@ class Trainer:
         self._batches: Any = None  # the loader's iterator, set by run()
         self.stop = GracefulStop()  # checked after each optimizer step
         self.compile_guard: Any = None  # models.speed.CompileGuard: compile failure -> eager
+        self.best = BestTracker(model, self.run_cfg, bool(val),
+                                self.strategy.name in ("fsdp", "deepspeed"))
 
     # ----- data position -------------------------------------------------------------
     def epoch_plan(self, epoch: int) -> list[list[int]]:
         """Micro-batches (sample indices) of an epoch: a pure function of (seed, epoch)."""
         if epoch not in self._plans:
             self._plans = {e: p for e, p in self._plans.items() if e >= epoch - 1}
-            self._plans[epoch] = epoch_batches(
-                len(self.train), self.bs, epoch, self.cfg.seed,
-                getattr(self.train, "lengths", None), self.loader.batch_tokens)
+            self._plans[epoch] = epoch_plan(self, epoch)
         return self._plans[epoch]
 
     def _step_batches(self) -> list[Shard]:
@@ -249,7 +256,8 @@ class Trainer:
         s, cfg = self.state, self.cfg
         self.strategy.loss_module.train()
         bar = tqdm(total=self.total_steps, initial=s.step, desc="train", unit="step",
-                   dynamic_ncols=True, disable=not self.ctx.is_main)
+                   dynamic_ncols=True,
+                   disable=not self.ctx.is_main or self.run_cfg.disable_tqdm)
         start = time.perf_counter() - s.elapsed
         eval_loss = None
         window_losses: list[float] = []
@@ -260,6 +268,7 @@ class Trainer:
                                         s.batch_in_epoch, self.pad_id, self.loader, self.device)
                          if self.world == 1 and self.sizer is None else None)
         while s.step < self.total_steps:
+            start_epoch = s.epoch
             micro, live, (loss, norm) = self._run_step(self._step_batches())
             s.step += 1
             s.tokens_seen += self.last_step_tokens
@@ -271,19 +280,22 @@ class Trainer:
                 s.last_loss = loss
             s.elapsed = time.perf_counter() - start
             bar.update(1)
-            if s.step % cfg.logging_steps == 0 or s.step == self.total_steps:
+            if log_due(s.step, cfg, self.run_cfg, self.total_steps, self.steps_per_epoch):
                 self._log(window_losses, norm, bar)
                 window_losses = []
             if cfg.eval_steps and s.step % cfg.eval_steps == 0 and cfg.eval_strategy != "no":
                 eval_loss = self._log_eval()
+                if self.best.stop_early():
+                    break
             if s.step < self.total_steps and self.stop.agreed(self.ctx):
                 bar.close()
                 return LoopResult(s, self.total_steps, eval_loss,
                                   self.throughput.summary(s.elapsed), stopped=True,
                                   checkpoint=self._stop_with_checkpoint())
-            if cfg.save_steps and s.step % cfg.save_steps == 0 and s.step < self.total_steps:
+            if s.step < self.total_steps and save_due(self, start_epoch):
                 self.save()
         bar.close()
+        self.best.restore_best()  # load_best_model_at_end
         if self.val and cfg.eval_strategy != "no":
             eval_loss = self._log_eval()
         perf = self.throughput.summary(s.elapsed)
@@ -354,6 +366,8 @@ class Trainer:
                   "elapsed_s": round(s.elapsed, 3), "eta_s": round(remaining, 1),
                   "peak_mem_gb": self.throughput.peak_memory_gb(),
                   "total_steps": self.total_steps}
+        if self.run_cfg.include_num_input_tokens_seen:
+            record["num_input_tokens_seen"] = s.tokens_seen
         if self.world > 1:  # this rank's rate x ranks (shards are near equal in size)
             record["tokens_per_s"] *= self.world
             record["trained_tokens_per_s"] *= self.world
@@ -365,6 +379,8 @@ class Trainer:
         if loss is not None and self.ctx.is_main:
             ppl = math.exp(min(loss, 50.0))
             self._write_metrics({"step": self.state.step, "eval_loss": loss, "eval_ppl": ppl})
+        if loss is not None:
+            self.best.observe(self.state.step, loss)
             tqdm.write(f"step {self.state.step}: eval loss {loss:.4f} (perplexity {ppl:.2f})")
         return loss
 

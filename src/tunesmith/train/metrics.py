@@ -18,11 +18,12 @@ class MetricsLog:
     """Appends one JSON object per logged step; flushed at once so a watcher (the web UI)
     or a crash never sees a partial history."""
 
-    def __init__(self, path: Path, report_to: str = "none", run_dir: Path | None = None):
+    def __init__(self, path: Path, report_to: str = "none", run_dir: Path | None = None,
+                 logging_dir: str = "", run_name: str = ""):
         self.path = path
         _drop_torn_tail(path)
         self._fh = open(path, "ab")  # noqa: SIM115 (closed in close())
-        self._sink = _open_sink(report_to, run_dir or path.parent)
+        self._sink = _open_sink(report_to, run_dir or path.parent, logging_dir, run_name)
 
     def write(self, record: dict[str, Any]) -> None:
         line = (json.dumps(record, default=float) + "\n").encode("utf-8")
@@ -56,14 +57,16 @@ def _drop_torn_tail(path: Path) -> None:
                 path, len(data) - keep)
 
 
-def _open_sink(report_to: str, run_dir: Path):
+def _open_sink(report_to: str, run_dir: Path, logging_dir: str = "", run_name: str = ""):
+    """tensorboard events go to logging_dir (default run_dir/runs); wandb names the run
+    run_name (default: wandb's own)."""
     if report_to == "tensorboard":
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise ConfigError("report_to: tensorboard is not installed; pip install "
                               "'tunesmith[tensorboard]' or set report_to: none") from None
-        writer = SummaryWriter(str(run_dir / "runs"))
+        writer = SummaryWriter(logging_dir or str(run_dir / "runs"))
 
         def tb(record: dict[str, Any]) -> None:
             for k, v in record.items():
@@ -77,7 +80,7 @@ def _open_sink(report_to: str, run_dir: Path):
         except ImportError:
             raise ConfigError("report_to: wandb is not installed; pip install "
                               "'tunesmith[wandb]' or set report_to: none") from None
-        run = wandb.init(dir=str(run_dir))
+        run = wandb.init(dir=str(run_dir), name=run_name or None)
         return lambda record: run.log(record, step=record["step"])
     return None
 

@@ -16,7 +16,9 @@ from tunesmith.kernels.linear_ce import (
     chunked_linear_cross_entropy,
     linear_cross_entropy_reference,
 )
+from tunesmith.kernels.token_weights import TokenLoss, row_losses_reference
 from tunesmith.models.loader import split_causal_lm
+from tunesmith.train.vision_forward import language_uses, packed_vision_hidden
 
 
 class Objective(Protocol):
@@ -39,7 +41,7 @@ def trunk_inputs(batch: Batch, trunk: torch.nn.Module | None = None) -> dict:
     if cu is None:
         # no padding at all: no mask, so attention takes its plain causal path
         dense = batch.n_tokens == batch.input_ids.numel()
-        return {"attention_mask": None if dense else batch.attention_mask}
+        return with_vision({"attention_mask": None if dense else batch.attention_mask}, batch)
     inputs = {"position_ids": batch.position_ids, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
               "max_length_q": batch.max_seqlen, "max_length_k": batch.max_seqlen}
     impl = getattr(getattr(trunk, "config", None), "_attn_implementation", "sdpa")
@@ -47,6 +49,41 @@ def trunk_inputs(batch: Batch, trunk: torch.nn.Module | None = None) -> dict:
         dtype = next(trunk.parameters()).dtype if trunk is not None else torch.float32
         inputs["attention_mask"] = packed_attention_mask(
             batch.segment_ids, dtype if impl == "eager" else None)
+    return with_vision(inputs, batch)
+
+
+VISION_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+
+
+def packed_varlen_vision(batch: Batch, trunk: torch.nn.Module) -> bool:
+    """A packed vision-language batch whose language model runs varlen attention."""
+    return (getattr(batch, "mrope_position_ids", None) is not None
+            and getattr(batch, "cu_seqlens", None) is not None
+            and language_uses(trunk, VARLEN_ATTENTION))
+
+
+def varlen_vision_inputs(batch: Batch) -> dict:
+    cu = batch.cu_seqlens
+    inputs = {"position_ids": torch.cat([batch.position_ids[None], batch.mrope_position_ids]),
+              "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": batch.max_seqlen,
+              "max_length_k": batch.max_seqlen}
+    inputs.update({k: getattr(batch, k) for k in VISION_KEYS if getattr(batch, k) is not None})
+    return inputs
+
+
+def with_vision(inputs: dict, batch: Batch) -> dict:
+    """Add a vision-language batch's pixels, grids and 3-D rotary positions. Packed rows
+    put their restarting text positions first ([4, B, T], transformers' convention for
+    packed mrope inputs). The varlen keys are dropped: the vision tower would receive them
+    too and they describe the text rows, not the patches."""
+    mrope = getattr(batch, "mrope_position_ids", None)
+    if mrope is None:
+        return inputs
+    text = inputs.get("position_ids")
+    inputs["position_ids"] = mrope if text is None else torch.cat([text[None], mrope])
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
+        inputs.pop(key, None)
+    inputs.update({k: getattr(batch, k) for k in VISION_KEYS if getattr(batch, k) is not None})
     return inputs
 
 
@@ -54,21 +91,39 @@ class NextTokenObjective:
     """Cross-entropy on the trained next tokens (SFT: assistant tokens; pt: all tokens),
     computed from hidden states so the full logits are never materialised."""
 
-    def __init__(self, loss_impl: str = "chunked", chunk_size: int = 0):
+    def __init__(self, loss_impl: str = "chunked", chunk_size: int = 0,
+                 token_loss: TokenLoss | None = None):
         self.loss_impl, self.chunk_size = loss_impl, chunk_size
+        self.token_loss = token_loss or TokenLoss()  # DFT / EAFT / label smoothing
 
     def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+        rows, head = self.target_rows(model, batch)
+        return self.rows_loss(rows, head, batch)
+
+    @staticmethod
+    def target_rows(model: torch.nn.Module, batch: Batch
+                    ) -> tuple[torch.Tensor, torch.nn.Module]:
+        """Final hidden states of the rows that have a target [K, H], and the output head."""
         trunk, head = split_causal_lm(model)
-        out = trunk(input_ids=batch.input_ids, use_cache=False, **trunk_inputs(batch, trunk))
-        hidden = out.last_hidden_state  # [B, T, H]
-        rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index)  # [K, H]
+        if packed_varlen_vision(batch, trunk):
+            hidden = packed_vision_hidden(trunk, batch.input_ids, varlen_vision_inputs(batch))
+        else:
+            out = trunk(input_ids=batch.input_ids, use_cache=False, **trunk_inputs(batch, trunk))
+            hidden = out.last_hidden_state  # [B, T, H]
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index), head
+
+    def rows_loss(self, rows: torch.Tensor, head: torch.nn.Module, batch: Batch
+                  ) -> torch.Tensor:
+        """Summed loss of the target rows [K, H] through `head`."""
         if getattr(head, "bias", None) is not None:  # rare; the plain path handles the bias
             logits = head(rows).float()
-            return torch.nn.functional.cross_entropy(logits, batch.target_ids, reduction="sum")
+            return row_losses_reference(logits, batch.target_ids, self.token_loss).sum()
         if self.loss_impl == "reference":
-            return linear_cross_entropy_reference(rows, head.weight, batch.target_ids)
+            return linear_cross_entropy_reference(rows, head.weight, batch.target_ids,
+                                                  self.token_loss)
         chunk = self.chunk_size or auto_chunk_rows(head.weight.shape[0])
-        return chunked_linear_cross_entropy(rows, head.weight, batch.target_ids, chunk)
+        return chunked_linear_cross_entropy(rows, head.weight, batch.target_ids, chunk,
+                                            self.token_loss)
 
 
 def packed_attention_mask(segment_ids: torch.Tensor, dtype: torch.dtype | None = None

@@ -82,6 +82,7 @@ def write_summary(out: Path, cfg: Config, result: Any, report: Any, device: torc
         speed["compile_s"] = max(0.0, perf["warmup_s"]
                                  - perf["warmup_steps"] * perf["median_step_s"])
     summary = {
+        "run_name": cfg.run.run_name or out.name,
         "steps": s.step, "total_steps": result.total_steps,
         "final_loss": s.last_loss, "eval_loss": result.eval_loss,
         "skipped_nonfinite_steps": s.nonfinite_total,

@@ -63,8 +63,10 @@ class ChatActions:
 
     def respond(self, text: str, history: list[dict], system: str, temperature: float,
                 top_p: float, top_k: float, max_new_tokens: float, repetition_penalty: float,
-                seed: float | None = None) -> Iterator[tuple[list[dict], str]]:
-        """Stream the answer into the chat history."""
+                seed: float | None = None, image: str | None = None
+                ) -> Iterator[tuple[list[dict], str]]:
+        """Stream the answer into the chat history. `image`: an uploaded file shown with
+        this message (vision-language models; a text model answers with the error)."""
         history = list(history or [])
         engine = self.slot.engine
         if not text.strip():
@@ -75,16 +77,20 @@ class ChatActions:
                         {"role": "assistant", "content": "(load a model first)"}]
             yield history, ""
             return
+        shown = {"images": [image]} if image else {}
         messages = ([{"role": "system", "content": system}] if system.strip() else []) + [
             {"role": m["role"], "content": _text(m["content"])} for m in history] + [
-            {"role": "user", "content": text}]
+            {"role": "user", "content": text, **shown}]
         params = GenerationParams(int(max_new_tokens), float(temperature), float(top_p),
                                   int(top_k), float(repetition_penalty),
                                   seed=None if seed is None or seed < 0 else int(seed))
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
-        for piece in engine.stream(messages, params):
-            history[-1]["content"] += piece
-            yield history, ""
+        try:
+            for piece in engine.stream(messages, params):
+                history[-1]["content"] += piece
+                yield history, ""
+        except TunesmithError as exc:  # e.g. an image given to a text-only model
+            history[-1]["content"] = f"(error: {exc})"
         yield history, ""
 
 
@@ -115,6 +121,8 @@ def build_chat_tab(ws: Workspace, slot: EngineSlot, tr: Translator) -> dict[str,
             chatbot = tr(gr.Chatbot, label="@chat.chat", elem_id="chat-box", height=360)
             prompt = tr(gr.Textbox, label="@chat.message", placeholder="@chat.placeholder",
                         elem_id="chat-input")
+            image = tr(gr.Image, type="filepath", label="@chat.image", elem_id="chat-image",
+                       height=160)
             with gr.Row():
                 send = tr(gr.Button, value="@chat.send", variant="primary", elem_id="chat-send")
                 clear = tr(gr.Button, value="@chat.clear", elem_id="chat-clear")
@@ -132,7 +140,7 @@ def build_chat_tab(ws: Workspace, slot: EngineSlot, tr: Translator) -> dict[str,
     run_box.focus(lambda: gr.update(choices=finished_runs(ws)), None, run_box)
     run_box.change(actions.pick_run, run_box, [model_box, adapter_box])
     load_btn.click(actions.load, [model_box, adapter_box, template_box, trust_box], status)
-    chat_in = [prompt, chatbot, system, temperature, top_p, top_k, max_new, rep, seed]
+    chat_in = [prompt, chatbot, system, temperature, top_p, top_k, max_new, rep, seed, image]
     send.click(actions.respond, chat_in, [chatbot, prompt])
     prompt.submit(actions.respond, chat_in, [chatbot, prompt])
     clear.click(lambda: ([], ""), None, [chatbot, prompt])
