@@ -25,6 +25,13 @@ def tiny_qwen2_dir(tmp_path_factory) -> Path:
     return save_tiny_model(tmp_path_factory.mktemp("tiny-qwen2"), "qwen2")
 
 
+@pytest.fixture(scope="session")
+def tiny_vl_dir(tmp_path_factory) -> Path:
+    from tiny_vl import save_tiny_qwen2_vl
+
+    return save_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny-qwen2-vl"))
+
+
 @pytest.fixture
 def alpaca_file(tmp_path) -> Path:
     return write_alpaca(tmp_path / "train.json")

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import openai
 import pytest
 
 from server_thread import running_server
+from tunesmith.errors import UnsupportedModelError
 from tunesmith.infer.engine import GenerationParams, HFEngine
 from tunesmith.serve.app import ServerSettings, create_app
 
@@ -236,7 +238,18 @@ class RecordingEngine:
             yield i, chunk
 
 
-def test_a_client_leaving_mid_stream_cancels_its_generation(engine):
+@pytest.fixture
+def generate_worker(monkeypatch):
+    """Serve through the one-generate-at-a-time worker, as for a model the batcher refuses."""
+    import tunesmith.infer.batcher as batcher
+
+    def refuse(config, dtype, length=0):
+        raise UnsupportedModelError("sliding-window layers (test)")
+
+    monkeypatch.setattr(batcher, "cache_shape", refuse)
+
+
+def test_a_client_leaving_mid_stream_cancels_its_generation(engine, generate_worker, caplog):
     recording = RecordingEngine(engine)
     body = {"model": NAME, "messages": HELLO, "max_tokens": 400, "stream": True,
             "temperature": 0}  # greedy: this prompt runs the full 400 tokens on the tiny model
@@ -249,6 +262,7 @@ def test_a_client_leaving_mid_stream_cancels_its_generation(engine):
     dropped = recording.calls[0][0]
     assert all(c.finish_reason is None for c in dropped)  # never finished: it was dropped
     assert len(dropped) < 400
+    assert "continuous batching is off for this model (sliding-window" in caplog.text
 
 
 class GatedEngine:
@@ -266,7 +280,7 @@ class GatedEngine:
         yield from self.engine.stream_batch(prompts, params, cancelled)
 
 
-def test_a_full_queue_answers_503_and_the_queue_drains(engine):
+def test_a_full_queue_answers_503_and_the_queue_drains(engine, generate_worker):
     gated = GatedEngine(engine)
     body = {"model": NAME, "messages": HELLO, "max_tokens": 4, "stream": True,
             "stream_options": {"include_usage": True}}
@@ -298,3 +312,50 @@ def test_request_bodies_are_not_logged(client, caplog):
                                        messages=[{"role": "user", "content": secret}])
     assert caplog.records  # the client and server did log something
     assert not any(secret in r.getMessage() for r in caplog.records)
+
+
+def _wait_for(condition, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_batcher_drops_a_stream_whose_client_left(engine):
+    body = {"model": NAME, "messages": HELLO, "max_tokens": 400, "stream": True,
+            "temperature": 0}  # greedy: this prompt runs the full 400 tokens on the tiny model
+    app = create_app(engine, ServerSettings(NAME))
+    stats = app.state.worker.batcher.stats
+    with running_server(app) as url:
+        with httpx.stream("POST", f"{url}/chat/completions", json=body, timeout=60) as r:
+            next(r.iter_lines())  # generation has started; now hang up
+        ok = openai.OpenAI(base_url=url, api_key="x", max_retries=0).chat.completions.create(
+            model=NAME, messages=HELLO, max_tokens=10, temperature=0)
+        assert ok.choices[0].message.content == greedy(engine, HELLO)
+        _wait_for(lambda: stats.cancelled == 1)
+        assert stats.decode_steps < 399 and stats.finished == 1
+
+
+def test_batcher_queue_full_answers_503_and_drains(engine):
+    body = {"model": NAME, "messages": HELLO, "max_tokens": 4, "stream": True,
+            "stream_options": {"include_usage": True}}
+    app = create_app(engine, ServerSettings(NAME, max_queue=1, max_batch=1))
+    batcher = app.state.worker.batcher
+    with running_server(app) as url, httpx.Client(timeout=60) as http:
+        with engine._lock:  # the engine thread takes the first request, then waits here
+            running = http.send(http.build_request("POST", f"{url}/chat/completions",
+                                                   json=body), stream=True)
+            _wait_for(lambda: batcher.waiting() == 0)
+            waiting = http.send(http.build_request("POST", f"{url}/chat/completions",
+                                                   json=body), stream=True)
+            _wait_for(lambda: batcher.waiting() == 1)  # no free slot: it waits
+            third = http.post(f"{url}/chat/completions", json=body)
+            assert third.status_code == 503
+            assert third.json()["error"]["code"] == "server_busy"
+        for r in (running, waiting):
+            assert r.status_code == 200
+            lines = [x for x in r.iter_lines() if x]
+            r.close()
+            assert lines[-1] == "data: [DONE]"
+            usage = json.loads(lines[-2].removeprefix("data: "))["usage"]
+            assert 1 <= usage["completion_tokens"] <= 4

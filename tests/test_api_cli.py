@@ -22,7 +22,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 def test_api_command_binds_loopback_and_requires_the_env_key(tiny_llama_dir):
     cmd = [sys.executable, "-m", "tunesmith", "api", "--model_name_or_path",
-           str(tiny_llama_dir), "--port", "0"]
+           str(tiny_llama_dir), "--port", "0", "--enforce_eager", "--kv_cache_fraction", "0.5"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=_env(API_KEY="env-key"))
     try:
@@ -50,3 +50,58 @@ def test_api_command_reports_a_missing_adapter(tiny_llama_dir, tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, env=_env(), timeout=120)
     assert done.returncode == 1
     assert "adapter_name_or_path" in done.stderr and "does not exist" in done.stderr
+
+
+def test_infer_backend_not_installed_is_a_clear_error(tiny_llama_dir, capsys):
+    from tunesmith.cli.main import main
+
+    for backend in ("vllm", "sglang"):
+        assert main(["api", "--model_name_or_path", str(tiny_llama_dir), "--infer_backend",
+                     backend]) == 1
+        err = capsys.readouterr().err
+        assert f"infer_backend: {backend} is not installed" in err and f"pip install {backend}" in err
+    assert main(["api", "--model_name_or_path", str(tiny_llama_dir), "--infer_backend",
+                 "tgi"]) == 1
+    assert "'tgi' is not a backend" in capsys.readouterr().err
+    assert main(["api", "--model_name_or_path", str(tiny_llama_dir), "--kv_cache_fraction",
+                 "1.5"]) == 1
+    assert "--kv_cache_fraction 1.5 must be in (0, 1]" in capsys.readouterr().err
+
+
+FAKE_SERVER = """import json, os, sys
+args = sys.argv[1:]
+template = args[args.index("--chat-template") + 1]
+out = {"args": args, "template": open(template).read()}
+open(os.environ["FAKE_BACKEND_OUT"], "w").write(json.dumps(out))
+"""
+
+
+def test_infer_backend_hands_over_to_an_installed_engine(tiny_llama_dir, tmp_path,
+                                                         monkeypatch):
+    import json
+
+    from test_engine import _save_adapter
+    from tunesmith.cli.main import main
+    from tunesmith.data.template import load_template_source
+
+    fake = tmp_path / "site" / "vllm" / "entrypoints" / "openai"
+    fake.mkdir(parents=True)
+    for folder in (fake.parents[1], fake.parent, fake):
+        (folder / "__init__.py").write_text("")
+    (fake / "api_server.py").write_text(FAKE_SERVER)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "site") + os.pathsep + SRC)
+    monkeypatch.setenv("FAKE_BACKEND_OUT", str(tmp_path / "argv.json"))
+    alpaca = load_template_source("alpaca", None)[1]
+    adapter = _save_adapter(tmp_path / "my-lora", tiny_llama_dir, alpaca)
+    yaml = tmp_path / "serve.yaml"
+    yaml.write_text(f"model_name_or_path: {tiny_llama_dir}\nadapter_name_or_path: {adapter}\n"
+                    "infer_backend: vllm\n")
+    assert main(["api", str(yaml), "--port", "8123", "--max_model_len", "256"]) == 0
+    seen = json.loads((tmp_path / "argv.json").read_text())
+    args = seen["args"]
+    assert args[args.index("--model") + 1] == str(tiny_llama_dir)
+    assert args[args.index("--lora-modules") + 1] == f"my-lora={adapter}"
+    assert args[args.index("--port") + 1] == "8123"
+    assert args[args.index("--max-model-len") + 1] == "256"
+    assert seen["template"] == alpaca  # the template the adapter was trained with

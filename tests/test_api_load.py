@@ -1,8 +1,9 @@
 """Bounded load test: 32 concurrent streaming clients x 4 requests against the tiny model.
 
 Every stream must be well formed (role first, one finish reason, usage last, the text the
-model gives that prompt alone: outputs of concurrent, dynamically batched requests never
-mix) and no request may fail. requests/s and p50/p95 latency are printed and written to load_test.json.
+model gives that prompt alone: outputs of concurrent, continuously batched requests never
+mix, also for requests that join a batch while it decodes) and no request may fail.
+requests/s and p50/p95 latency are printed and written to load_test.json.
 """
 
 from __future__ import annotations
@@ -72,6 +73,8 @@ def test_32_streaming_clients_x_4_requests(tiny_llama_dir, tmp_path):
     with running_server(app) as url:
         results, wall = asyncio.run(_load(url))
     assert app.state.worker.largest_batch > 1  # waiting streams were batched together
+    stats = app.state.worker.batcher.stats
+    assert stats.joined_running > 0  # requests joined a batch that was already decoding
     assert len(results) == CLIENTS * REQUESTS_EACH
     for prompt, _, text, usage in results:
         assert text == expected[prompt], prompt
@@ -84,6 +87,7 @@ def test_32_streaming_clients_x_4_requests(tiny_llama_dir, tmp_path):
                "p95_latency_s": round(_percentile(latencies, 0.95), 4),
                "completion_tokens": sum(r[3]["completion_tokens"] for r in results),
                "largest_batch": app.state.worker.largest_batch,
+               "joined_running": stats.joined_running,
                "machine": f"{platform.machine()} {platform.processor() or ''}".strip()}
     (tmp_path / "load_test.json").write_text(json.dumps(figures, indent=2))
     print(f"\nload test ({tmp_path / 'load_test.json'}): {json.dumps(figures)}")

@@ -164,3 +164,32 @@ def test_batched_streams_keep_their_own_limits_stops_and_cancellation(engine):
     assert "".join(c.text for c in rows[1]) == texts[1][: texts[1].find(stop)]
     assert rows[1][-1].finish_reason == "stop"
     assert len(rows[2]) == 2 and all(c.finish_reason is None for c in rows[2])
+
+
+def _metaspace_tokenizer():
+    """A SentencePiece-style tokenizer (spaces as a leading marker), built offline."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from tiny import CORPUS
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(CORPUS * 4, trainer=trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<unk>", "<s>"], show_progress=False))
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>")
+
+
+def test_incremental_text_equals_decoding_everything(tiny_tokenizer):
+    import random
+
+    rng = random.Random(0)
+    for tok in (tiny_tokenizer, _metaspace_tokenizer()):
+        specials = set(tok.all_special_ids)
+        for _ in range(5):
+            ids = [rng.randrange(len(tok)) for _ in range(60)]
+            text = TextAssembler(tok, [], set())
+            shown = "".join(text.add([i]) for i in ids) + text.flush()
+            assert shown == tok.decode(ids, skip_special_tokens=True), ids
+            assert any(i in specials for i in ids) or len(shown) > 0

@@ -74,12 +74,14 @@ def serve(work: Path) -> Iterator[str]:
 
 
 @contextmanager
-def browser_page(url: str) -> Iterator:
+def browser_page(url: str, locale: str | None = None, width: int = 1400,
+                 height: int = 1000) -> Iterator:
+    """A Chromium page on `url`, with the browser language `locale` (e.g. zh-CN)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page = browser.new_page(viewport={"width": width, "height": height}, locale=locale)
         page.set_default_timeout(20_000)
         page.goto(url)
         try:

@@ -25,6 +25,10 @@ class ModelError(TunesmithError):
     """A model or adapter could not be found, converted or loaded."""
 
 
+class UnsupportedModelError(ModelError):
+    """The model loads, but a fast path (e.g. the continuous batcher) cannot serve it."""
+
+
 class TrainingError(TunesmithError):
     """Training had to stop (non-finite losses, out of memory, ...)."""
 

@@ -7,6 +7,7 @@ import re
 
 import torch
 
+from tunesmith.adapters.vision import VisionParts, freeze_parts, lora_targets
 from tunesmith.config.schema import FinetuningConfig
 from tunesmith.errors import ConfigError
 
@@ -23,12 +24,15 @@ def linear_module_names(model: torch.nn.Module) -> list[str]:
     return sorted(names)
 
 
-def apply_lora(model: torch.nn.Module, cfg: FinetuningConfig) -> torch.nn.Module:
+def apply_lora(model: torch.nn.Module, cfg: FinetuningConfig,
+               vision: VisionParts | None = None) -> torch.nn.Module:
     from peft import LoraConfig, get_peft_model
 
     available = linear_module_names(model)
     targets = available if cfg.lora_target in (["all"], []) else cfg.lora_target
     missing = [t for t in targets if t not in available]
+    if vision is not None and not missing:  # full names inside the unfrozen parts only
+        targets = lora_targets(model, vision, cfg.lora_target)
     if missing:
         raise ConfigError(f"lora_target: {', '.join(missing)} not found in the model; its linear "
                           f"modules are {', '.join(available)} (or use all)")
@@ -82,13 +86,15 @@ def _decoder_layer_count(model: torch.nn.Module) -> int:
 
 
 def prepare_trainable(model: torch.nn.Module, cfg: FinetuningConfig,
-                      adapter_paths: list[str]) -> torch.nn.Module:
-    """Apply the finetuning_type; trainable parameters are kept in fp32."""
+                      adapter_paths: list[str], vision: VisionParts | None = None
+                      ) -> torch.nn.Module:
+    """Apply the finetuning_type (and, for a vision-language model, its frozen parts);
+    trainable parameters are kept in fp32."""
     if cfg.finetuning_type == "lora":
         if adapter_paths:
             model = load_adapters(model, adapter_paths, trainable=True)
         else:
-            model = apply_lora(model, cfg)
+            model = apply_lora(model, cfg, vision)
     else:
         if adapter_paths:
             model = load_adapters(model, adapter_paths, trainable=False)
@@ -97,6 +103,8 @@ def prepare_trainable(model: torch.nn.Module, cfg: FinetuningConfig,
         else:
             for p in model.parameters():
                 p.requires_grad_(True)
+    if vision is not None:
+        freeze_parts(model, vision)
     for p in model.parameters():
         if p.requires_grad and p.dtype != torch.float32:
             p.data = p.data.float()

@@ -37,33 +37,47 @@ def api_parser() -> argparse.ArgumentParser:
     p.add_argument("--max_request_bytes", type=int, default=10 * 2**20,
                    help="larger request bodies are answered 413 before any parsing or "
                         "tokenisation (default 10 MiB)")
+    p.add_argument("--media_dir", default="",
+                   help="vision models: folder that local image paths in requests must lie in "
+                        "(empty: only data: URLs)")
+    p.add_argument("--allow_remote_media", action="store_true",
+                   help="vision models: fetch http(s) image URLs of requests")
     p.add_argument("--access_log", action="store_true", help="log one line per request "
                    "(method, path, status; never the body)")
+    p.add_argument("--infer_backend", default="", help="huggingface (tunesmith's engine, "
+                   "default) | vllm | sglang (that engine's own server, when installed)")
+    p.add_argument("--enforce_eager", action="store_true",
+                   help="decode without CUDA graphs (GPU; slower, for debugging)")
+    p.add_argument("--kv_cache_fraction", type=float, default=0.85,
+                   help="share of the free GPU memory the KV cache may take (0..1)")
     return p
 
 
 def cmd_api(args: list[str]) -> int:
-    from tunesmith.cli.chat_args import engine_from_args
+    from tunesmith.cli.chat_args import engine_from_args, model_args
     from tunesmith.cli.setup import setup_process
     from tunesmith.config.environment import api_key
     from tunesmith.serve.app import ServerSettings, create_app
+    from tunesmith.serve.media import MediaPolicy
     from tunesmith.serve.server import bind_socket, build_server, is_loopback
 
     ns = api_parser().parse_args(args)
     if ns.port < 0 or ns.port > 65535:
         raise ConfigError(f"--port {ns.port} is not a TCP port (0..65535)")
-    if min(ns.max_queue, ns.max_tokens, ns.max_batch_size, ns.max_request_bytes) < 1 or \
-            ns.max_model_len < 0:
-        raise ConfigError("--max_queue, --max_tokens, --max_batch_size and "
-                          "--max_request_bytes must be >= 1, --max_model_len >= 0")
+    _check_limits(ns)
     setup_process()
-    engine = engine_from_args(ns)
     key = ns.api_key or api_key()
+    _, _, _, backend = model_args(ns)
+    if backend != "huggingface":
+        return delegate(ns, key)
+    engine = engine_from_args(ns)
     settings = ServerSettings(
         model_name=ns.served_model_name or engine.name, api_key=key,
         cors_origins=[o.strip() for o in ns.cors_origins.split(",") if o.strip()],
         max_queue=ns.max_queue, max_batch=ns.max_batch_size, max_model_len=ns.max_model_len,
-        default_max_tokens=ns.max_tokens, max_request_bytes=ns.max_request_bytes)
+        default_max_tokens=ns.max_tokens, cuda_graphs=not ns.enforce_eager,
+        kv_cache_fraction=ns.kv_cache_fraction, max_request_bytes=ns.max_request_bytes,
+        media=MediaPolicy(ns.media_dir, ns.allow_remote_media))
     if not key and not is_loopback(ns.host):
         log.warning("serving on %s without an API key: anyone who can reach this address can "
                     "use the model; set API_KEY or --api_key", ns.host)
@@ -78,3 +92,43 @@ def cmd_api(args: list[str]) -> int:
           f"({'API key required' if key else 'no API key'})", flush=True)
     build_server(create_app(engine, settings), access_log=ns.access_log).run(sockets=[sock])
     return 0
+
+
+def _check_limits(ns: argparse.Namespace) -> None:
+    if min(ns.max_queue, ns.max_tokens, ns.max_batch_size, ns.max_request_bytes) < 1 or \
+            ns.max_model_len < 0:
+        raise ConfigError("--max_queue, --max_tokens, --max_batch_size and "
+                          "--max_request_bytes must be >= 1, --max_model_len >= 0")
+    if not 0 < ns.kv_cache_fraction <= 1:
+        raise ConfigError(f"--kv_cache_fraction {ns.kv_cache_fraction} must be in (0, 1]")
+
+
+def delegate(ns: argparse.Namespace, key: str) -> int:
+    """Serve through vLLM or SGLang (infer_backend), with tunesmith's model resolution."""
+    from pathlib import Path
+
+    from tunesmith.adapters.saved import saved_chat_template
+    from tunesmith.cli.chat_args import model_args
+    from tunesmith.data.template import load_template_source
+    from tunesmith.infer.engine import check_adapters
+    from tunesmith.models.provision import resolve_model_path
+    from tunesmith.serve.backends import DelegateSpec, check_backend, run_backend
+
+    model, adapters, template, backend = model_args(ns)
+    check_backend(backend)
+    check_adapters(adapters)
+    if len(adapters) > 1:
+        raise ConfigError(f"infer_backend: {backend} serves one adapter, got {len(adapters)}; "
+                          "merge them first (tunesmith export) and serve the merged model")
+    trained = saved_chat_template(adapters)
+    requested = load_template_source(template, None)[1] if template else ""
+    if trained and requested and trained.strip() != requested.strip():
+        raise ConfigError(f"template: {template!r} differs from the chat template the adapter "
+                          f"{adapters[-1]!r} was trained with; drop template to use its own")
+    source = trained or requested
+    spec = DelegateSpec(
+        model=resolve_model_path(model), adapter=adapters[0] if adapters else "",
+        served_name=ns.served_model_name or Path(adapters[-1] if adapters else model).name,
+        host=ns.host, port=ns.port, api_key=key, max_model_len=ns.max_model_len,
+        chat_template=source, trust_remote_code=ns.trust_remote_code)
+    return run_backend(backend, spec)

@@ -34,6 +34,7 @@ def inspect_target(ns: argparse.Namespace) -> str:
     from tunesmith.data.loading import DataContext, prepare_data
     from tunesmith.data.template import ChatRenderer, load_template_source
     from tunesmith.models.loader import load_tokenizer
+    from tunesmith.models.processor import load_vision_settings
     from tunesmith.models.provision import resolve_model_path
 
     overrides = dict(o.split("=", 1) for o in ns.overrides if "=" in o)
@@ -48,8 +49,10 @@ def inspect_target(ns: argparse.Namespace) -> str:
     model = cfg.model.model_name_or_path or "smollm2-135m-instruct"
     tokenizer = load_tokenizer(resolve_model_path(model, cfg.model.cache_dir or None))
     name, source = load_template_source(cfg.model.template, tokenizer)
+    path = resolve_model_path(model, cfg.model.cache_dir or None)
     ctx = DataContext(ChatRenderer(name, source, tokenizer), tokenizer, cfg.training.seed,
-                      cfg.finetuning.stage, cfg.training.overwrite_cache)
+                      cfg.finetuning.stage, cfg.training.overwrite_cache,
+                      load_vision_settings(path, tokenizer, cfg), model)
     data = prepare_data(cfg.data, ctx)
     figures = describe(data, cfg.data.cutoff_len)
     if not len(data.train):

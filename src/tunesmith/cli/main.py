@@ -19,6 +19,7 @@ commands:
   env                                                    versions and devices, for bug reports
   export CONFIG.yaml [key=value ...]                     merge adapters; write an HF folder or GGUF
   bench [--groups main,full,liger] [--out DIR] [--tiny]  GPU training benchmark vs HF+PEFT/Liger
+  bench --e2e [--out DIR] [--tiny] [--cases ...]        tunesmith train vs llamafactory-cli train
   webui [--work_dir DIR] [--host H] [--port P] [--auth USER:PASSWORD] [--share]   the web UI
   data inspect CONFIG.yaml|DATASET [--model M] [--template T] [key=value ...]
                                                          counts, lengths, truncation, packing, a sample
@@ -90,6 +91,8 @@ def cmd_chat(args: list[str]) -> int:
     p.add_argument("--template", default="")
     p.add_argument("--prompt", default=None, help="answer this once and exit")
     p.add_argument("--system", default=None, help="system message")
+    p.add_argument("--image", action="append", default=[],
+                   help="image file shown with the (first) prompt; repeatable")
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--top_k", type=int, default=0)
@@ -114,8 +117,9 @@ def cmd_chat(args: list[str]) -> int:
     if ns.prompt is not None and not ns.prompt.strip():
         raise TunesmithError("chat: --prompt is empty; give some text to answer")
     history = [{"role": "system", "content": ns.system}] if ns.system else []
+    shown = {"images": ns.image} if ns.image else {}
     if ns.prompt is not None:
-        _answer(engine, history + [{"role": "user", "content": ns.prompt}], params)
+        _answer(engine, history + [{"role": "user", "content": ns.prompt, **shown}], params)
         return 0
     print("chat with the model; 'clear' forgets the history, 'exit' quits")
     while True:
@@ -130,7 +134,8 @@ def cmd_chat(args: list[str]) -> int:
             continue
         if not text:
             continue
-        history.append({"role": "user", "content": text})
+        history.append({"role": "user", "content": text, **shown})
+        shown = {}  # the images go with the first message
         history.append({"role": "assistant", "content": _answer(engine, history, params)})
 
 
@@ -163,6 +168,10 @@ def cmd_export(args: list[str]) -> int:
 
 
 def cmd_bench(args: list[str]) -> int:
+    if "--e2e" in args:  # tunesmith train vs llamafactory-cli train, end to end
+        from tunesmith.benchmarks.e2e import main as run_e2e
+
+        return run_e2e([a for a in args if a != "--e2e"])
     from tunesmith.benchmarks.report import run_all
 
     return run_all(args)

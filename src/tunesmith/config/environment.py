@@ -87,3 +87,18 @@ def single_thread_tokenizers() -> None:
     """In a preprocessing worker process: one tokenizer thread per process, because the
     workers already use every core and extra threads only contend for them."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+
+
+def use_compile_cache(folder: Path) -> Path:
+    """Point torch.compile's on-disk caches (inductor's FX graphs and kernels, Triton's
+    binaries) at `folder` so a second run of the same model and settings skips most of the
+    compilation. A cache directory the user already chose ($TORCHINDUCTOR_CACHE_DIR) wins.
+    Returns the directory in use."""
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR", "")
+    if chosen:
+        return Path(chosen)
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(folder)
+    if not os.environ.get("TRITON_CACHE_DIR"):
+        os.environ["TRITON_CACHE_DIR"] = str(folder / "triton")
+    return folder

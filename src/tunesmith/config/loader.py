@@ -20,6 +20,7 @@ from tunesmith.config.schema import (
     field_index,
     field_kind,
 )
+from tunesmith.config.speed import resolve_speed_aliases, speed_conflicts
 from tunesmith.config.unsupported import LLAMA_FACTORY_KEYS_NOT_YET_SUPPORTED
 from tunesmith.errors import ConfigError
 
@@ -120,6 +121,7 @@ def build_config(raw: RawConfig) -> Config:
                  for key, msg in check_values(cfg)]
     if problems:
         raise ConfigError(problems)
+    resolve_speed_aliases(cfg)
     return cfg
 
 
@@ -197,6 +199,7 @@ def check_values(cfg: Config) -> list[tuple[str, str]]:
     if 1 <= cfg.data.val_size and not float(cfg.data.val_size).is_integer():
         out.append(("val_size", f"val_size {cfg.data.val_size} must be a fraction below 1 or "
                                 "a whole count of samples"))
+    out += speed_conflicts(cfg)
     return out
 
 

@@ -11,6 +11,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
+from tunesmith.config.fields import opt
+from tunesmith.config.speed import SpeedConfig
+
 FinetuningType = Literal["lora", "freeze", "full"]
 Stage = Literal["sft", "pt"]
 Scheduler = Literal["linear", "cosine", "constant", "constant_with_warmup"]
@@ -18,22 +21,12 @@ ReportTo = Literal["none", "tensorboard", "wandb"]
 TruncationPolicy = Literal["truncate_prompt", "drop", "error"]
 BadRowPolicy = Literal["error", "skip"]
 CheckpointingMode = Literal["false", "true", "selective", "offload"]
+CompileMode = Literal["auto", "true", "false"]
 ExportFormat = Literal["hf", "gguf"]
 GGUFType = Literal["f16", "bf16", "q8_0"]
 ExportDevice = Literal["cpu", "auto"]
 EvalLang = Literal["en", "zh"]
 MixStrategy = Literal["concat", "interleave_under", "interleave_over"]
-
-
-def opt(default: Any, help: str, *, minimum: float | None = None, maximum: float | None = None,
-        exclusive_min: bool = False, choices: tuple[str, ...] | None = None,
-        advanced: bool = False) -> Any:
-    """A config field with its documentation and bounds."""
-    meta = {"help": help, "minimum": minimum, "maximum": maximum,
-            "exclusive_min": exclusive_min, "choices": choices, "advanced": advanced}
-    if isinstance(default, list | dict):
-        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass
@@ -51,14 +44,17 @@ class ModelConfig:
     cache_dir: str = opt("", "Where converted models and downloads are cached "
                          "(default ~/.cache/tunesmith, or $TUNESMITH_CACHE).", advanced=True)
     attn_implementation: str = opt(
-        "sdpa", "Attention kernel: sdpa, eager, varlen (padding-free FlashAttention for packed "
-        "batches), or a name registered with transformers.", advanced=True)
+        "auto", "Attention kernel: auto (varlen FlashAttention for packed batches on a CUDA GPU, "
+        "sdpa otherwise), sdpa, eager, varlen (padding-free FlashAttention for packed batches; "
+        "a reference twin on CPU), or a name registered with transformers.", advanced=True)
     enable_liger_kernel: bool = opt(
         False, "Swap RMSNorm and SwiGLU for liger-kernel's fused kernels (needs the liger-kernel "
         "package; GPU).", advanced=True)
-    torch_compile: bool = opt(
-        False, "Compile each decoder layer with torch.compile (regional compilation: fuses "
-        "norms, RoPE, activations; first steps are slower while it compiles).", advanced=True)
+    torch_compile: CompileMode = opt(
+        "auto", "Compile each decoder layer with torch.compile (regional compilation: fuses "
+        "norms, RoPE, activations). auto: on for CUDA training of architectures known to "
+        "compile cleanly; a compile failure falls back to eager with one warning.",
+        advanced=True)
 
 
 @dataclass
@@ -262,6 +258,10 @@ class EvalConfig:
                                     minimum=0, exclusive_min=True)
 
 
+# A section in its own module; imported here, after `opt`, which that module uses.
+from tunesmith.config.multimodal import MultimodalConfig  # noqa: E402
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -270,6 +270,8 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
+    multimodal: MultimodalConfig = field(default_factory=MultimodalConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -279,7 +281,8 @@ class Config:
         return flat
 
 
-SECTIONS = ("model", "data", "finetuning", "training", "export", "eval")
+SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "speed",
+            "multimodal")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

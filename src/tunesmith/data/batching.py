@@ -18,6 +18,7 @@ import torch
 
 from tunesmith.data.encode import IGNORE_INDEX, EncodedSample
 from tunesmith.data.packing import PackedRow
+from tunesmith.data.vision_batch import has_media, vision_fields
 
 
 @dataclass
@@ -33,6 +34,12 @@ class Batch:
     segment_ids: torch.Tensor | None = None  # [B, T] int64, 1..k per row, 0 on padding
     cu_seqlens: torch.Tensor | None = None  # [n_segments + 1] int32 over the flat [B*T]
     max_seqlen: int = 0
+    # vision-language batches only (see vision_batch.py):
+    pixel_values: torch.Tensor | None = None  # [N, D] patches of the images, token order
+    image_grid_thw: torch.Tensor | None = None  # [n_images, 3] int64
+    pixel_values_videos: torch.Tensor | None = None  # [N', D]
+    video_grid_thw: torch.Tensor | None = None  # [n_videos, 3] int64
+    mrope_position_ids: torch.Tensor | None = None  # [3, B, T] int64, per sample
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"
@@ -80,8 +87,10 @@ def collate(samples: Sequence[EncodedSample | PackedRow], pad_id: int) -> Batch:
         tgt_parts.append(nxt[pos])
     target_index = np.concatenate(idx_parts).astype(np.int64)
     target_ids = np.concatenate(tgt_parts).astype(np.int64)
+    rows = [[s] for s in samples]
     return Batch(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(target_index),
-                 torch.from_numpy(target_ids), int(len(target_ids)), int(mask.sum()))
+                 torch.from_numpy(target_ids), int(len(target_ids)), int(mask.sum()),
+                 **(vision_fields(rows, t_max) if has_media(rows) else {}))
 
 
 def collate_packed(rows: Sequence[PackedRow], pad_id: int) -> Batch:
@@ -114,10 +123,12 @@ def collate_packed(rows: Sequence[PackedRow], pad_id: int) -> Batch:
     target_ids = np.concatenate(tgt_parts).astype(np.int64)
     cu = np.zeros(len(seqlens) + 1, dtype=np.int32)
     np.cumsum(seqlens, out=cu[1:])
+    grouped = [r.samples for r in rows]
     return Batch(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(target_index),
                  torch.from_numpy(target_ids), int(len(target_ids)), int(mask.sum()),
                  position_ids=torch.from_numpy(pos_ids), segment_ids=torch.from_numpy(seg),
-                 cu_seqlens=torch.from_numpy(cu), max_seqlen=int(max(seqlens)))
+                 cu_seqlens=torch.from_numpy(cu), max_seqlen=int(max(seqlens)),
+                 **(vision_fields(grouped, t_max) if has_media(grouped) else {}))
 
 
 def epoch_batches(n_samples: int, batch_size: int, epoch: int, seed: int,

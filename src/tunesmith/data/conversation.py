@@ -32,6 +32,8 @@ class Conversation:
     rejected: Message | None = None  # preference pairs: messages[-1] is the chosen answer
     plain: bool = False  # stage pt: messages[0].content is raw text, no roles or template
     extra: dict[str, Any] = field(default_factory=dict)
+    images: list[Any] = field(default_factory=list)  # paths (or frame data) per <image>
+    videos: list[Any] = field(default_factory=list)  # a path or a list of frame paths per <video>
 
     def dicts(self) -> list[dict[str, Any]]:
         return [m.to_dict() for m in self.messages]

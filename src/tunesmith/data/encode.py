@@ -29,12 +29,16 @@ class EncodeOptions:
     train_on_prompt: bool = False
     mask_history: bool = False
     plain_text: bool = False  # stage pt: no template, every token trained
+    vision_ids: tuple[int, ...] = ()  # vision tokens (pads, start, end): never trained
+    media_ids: tuple[int, ...] = ()  # image/video pad ids: a sample's spans must stay whole
 
 
 @dataclass
 class EncodedSample:
     input_ids: np.ndarray  # [T] int32
     labels: np.ndarray  # [T] int32, IGNORE_INDEX where not trained
+    media: list[Any] | None = None  # media.MediaItem in token order (vision models)
+    vision: Any = None  # processor.VisionSettings of the media
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -48,6 +52,7 @@ class EncodeStats:
     split_texts: int = 0  # stage pt: long texts split into several samples
     dropped_too_long: list[str] = field(default_factory=list)
     no_trained_tokens: list[str] = field(default_factory=list)
+    dropped_vision_cut: list[str] = field(default_factory=list)  # cutoff fell inside media
     bad: list[tuple[str, str]] = field(default_factory=list)  # (where, reason) -> bad rows
     trained_tokens: int = 0
     total_tokens: int = 0
@@ -58,6 +63,7 @@ class EncodeStats:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.dropped_too_long += other.dropped_too_long
         self.no_trained_tokens += other.no_trained_tokens
+        self.dropped_vision_cut += other.dropped_vision_cut
         self.bad += other.bad
 
     def to_dict(self) -> dict[str, Any]:
@@ -102,10 +108,24 @@ def encode_conversations(convs: list[Conversation], renderer: ChatRenderer | Non
     sources: list[str] = []
     for conv, (ids, bounds), sp in zip(convs, placed, spans, strict=True):
         trained = trained_mask(bounds, sp)
+        if opts.vision_ids:
+            trained &= ~np.isin(ids, opts.vision_ids)
         sample = _truncate(conv, ids, trained, opts, stats)
-        if sample is not None:
+        if sample is not None and not _media_whole(sample, conv, opts):
+            stats.dropped_vision_cut.append(conv.source)
+        elif sample is not None:
+            sample.media = conv.extra.get("media") or None
             _keep(sample, conv.source, out, sources, stats)
     return out, sources, stats
+
+
+def _media_whole(sample: EncodedSample, conv: Conversation, opts: EncodeOptions) -> bool:
+    """Truncation kept every vision token of the sample (a cut inside an image or video
+    span would leave the model fewer tokens than the vision tower gives it)."""
+    expected = conv.extra.get("vision_tokens", 0)
+    if not opts.media_ids:
+        return True
+    return int(np.isin(sample.input_ids, opts.media_ids).sum()) == expected
 
 
 def _keep(sample: EncodedSample, source: str, out: list[EncodedSample], sources: list[str],

@@ -33,7 +33,7 @@ class FormatSpec:
 ALPACA_DEFAULT_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output",
                           "system": "system", "history": "history", "messages": "conversations",
                           "tools": "tools", "chosen": "chosen", "rejected": "rejected",
-                          "text": "text"}
+                          "text": "text", "images": "images", "videos": "videos"}
 SHAREGPT_DEFAULT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human",
                          "assistant_tag": "gpt", "observation_tag": "observation",
                          "function_tag": "function_call", "system_tag": "system"}
@@ -160,6 +160,20 @@ def convert_text(row: dict[str, Any], spec: FormatSpec) -> Conversation:
     as LLaMA-Factory's pt datasets declare it)."""
     key = spec.columns.get("prompt") or spec.columns.get("text") or "text"
     return Conversation([Message("user", _text(row, key, required=True))], plain=True)
+
+
+def attach_media(row: dict[str, Any], spec: FormatSpec, conv: Conversation) -> None:
+    """Copy the row's `images` / `videos` columns (LLaMA-Factory's media columns) onto the
+    conversation; each must be a list (a single path is accepted as a list of one)."""
+    for kind in ("images", "videos"):
+        value = row.get(spec.col(kind))
+        if value in (None, "", []):
+            continue
+        value = [value] if isinstance(value, str | dict) else value
+        if not isinstance(value, list):
+            raise RowError(f"column {spec.col(kind)!r} is {type(value).__name__}, expected a "
+                           "list of file paths")
+        setattr(conv, kind, list(value))
 
 
 def _parse_tools(tools: Any) -> list[dict[str, Any]] | None:

@@ -13,7 +13,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -75,6 +75,7 @@ class DataReport:
                 "truncated_response": e.truncated_response, "split_texts": e.split_texts,
                 "dropped_too_long": len(e.dropped_too_long),
                 "dropped_no_trained_tokens": len(e.no_trained_tokens),
+                "dropped_vision_cut": len(e.dropped_vision_cut),
                 "trained_tokens": e.trained_tokens, "total_tokens": e.total_tokens,
                 "cache_hits": self.cache_hits, "cache_misses": self.cache_misses,
                 "preprocess_s": round(self.preprocess_s, 3), **self.packing}
@@ -101,6 +102,8 @@ class DataContext:
     seed: int = 42
     stage: str = "sft"
     overwrite_cache: bool = False
+    vision: Any = None  # media.VisionSettings of a vision-language model; None: text only
+    model_name: str = ""
 
 
 def encode_options(cfg: DataConfig, stage: str) -> EncodeOptions:
@@ -116,11 +119,16 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
                         f"{ctx.stage} needs plain examples: use a preference stage or another "
                         "dataset")
     opts = encode_options(cfg, ctx.stage)
+    if ctx.vision is not None:
+        v = ctx.vision.token_ids
+        opts = replace(opts, vision_ids=(v["image"], v["video"], v["start"], v["end"]),
+                       media_ids=(v["image"], v["video"]))
     renderer = ctx.renderer
     source = "" if opts.plain_text or renderer is None else renderer.source
     settings = {"spec": entry.spec.__dict__, "opts": opts.__dict__, "split": entry.split,
                 "max_samples": cfg.max_samples, "vars": cfg.dataset_vars,
-                "hub": [entry.hub_id, entry.subset]}
+                "hub": [entry.hub_id, entry.subset],
+                "vision": ctx.vision.cache_settings() if ctx.vision is not None else None}
     key = dataset_cache_key([file_digest(p) for p in entry.files], tokenizer_digest(ctx.tokenizer),
                             source, settings)
     folder = dataset_cache_dir(key)
@@ -132,7 +140,7 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
     if renderer is None and not opts.plain_text:
         raise DataError("a chat template is needed to encode conversations")
     job = EncodeJob(entry.spec, opts, getattr(renderer, "name", ""), source, ctx.tokenizer,
-                    dict(cfg.dataset_vars))
+                    dict(cfg.dataset_vars), ctx.vision, ctx.model_name)
     start = time.perf_counter()
     with disk_guard(folder, "the tokenised-dataset cache", "the cache entry is left "
                     "incomplete and is never read; it is rebuilt on the next run"):
@@ -314,6 +322,10 @@ def _log_losses(stats: EncodeStats) -> None:
     if stats.no_trained_tokens:
         log.warning("dropped %d sample(s) with no trained token left, first: %s",
                     len(stats.no_trained_tokens), stats.no_trained_tokens[0])
+    if stats.dropped_vision_cut:
+        log.warning("dropped %d sample(s) whose cutoff_len fell inside an image or video (raise "
+                    "cutoff_len or lower image_max_pixels), first: %s",
+                    len(stats.dropped_vision_cut), stats.dropped_vision_cut[0])
     if stats.truncated_prompt or stats.truncated_response:
         log.warning("truncated to cutoff_len: %d prompt(s), %d response(s)",
                     stats.truncated_prompt, stats.truncated_response)

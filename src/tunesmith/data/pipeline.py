@@ -25,12 +25,13 @@ from tqdm.auto import tqdm
 from tunesmith.config.environment import single_thread_tokenizers
 from tunesmith.data.conversation import Conversation, Message, check_conversation
 from tunesmith.data.encode import IGNORE_INDEX, EncodeOptions, EncodeStats, encode_conversations
-from tunesmith.data.formats import CONVERTERS, FormatSpec, RowError, convert_text
+from tunesmith.data.formats import CONVERTERS, FormatSpec, RowError, attach_media, convert_text
 from tunesmith.data.readers import Row
 from tunesmith.data.registry import detect_format
 from tunesmith.data.rowchecks import empty_answer, media_problem, text_problem
 from tunesmith.data.store import SampleStore, StoreWriter
 from tunesmith.data.template import ChatRenderer
+from tunesmith.data.vision_tokens import load_media
 from tunesmith.errors import DataError
 
 CHUNK_ROWS = 1000
@@ -47,6 +48,8 @@ class EncodeJob:
     template_source: str
     tokenizer: Any
     dataset_vars: dict[str, Any] = field(default_factory=dict)
+    vision: Any = None  # media.VisionSettings for a vision-language model, None: text only
+    model_name: str = ""  # for messages
 
 
 @dataclass
@@ -58,6 +61,7 @@ class ChunkResult:
     bad_rows: list[tuple[str, str]]
     stats: EncodeStats
     rows: int
+    media: list[Any] = field(default_factory=list)  # per sample: MediaItems or None
 
 
 @dataclass
@@ -92,7 +96,15 @@ def encode_chunk(rows: list[Row], job: EncodeJob, renderer: ChatRenderer | None)
     bad: list[tuple[str, str]] = []
     for row, where in rows:
         conv = convert_row(row, where, job, bad)
-        if conv is not None:
+        if conv is not None and (conv.images or conv.videos) and job.vision is None:
+            bad.append((where, text_model_media_reason(conv, job.model_name)))
+        elif conv is not None and job.vision is not None and not job.opts.plain_text:
+            try:
+                conv.extra["media"] = load_media(conv, job.vision)
+                convs.append(conv)
+            except RowError as exc:
+                bad.append((where, str(exc)))
+        elif conv is not None:
             convs.append(conv)
     samples, sources, stats = encode_conversations(convs, renderer, job.tokenizer, job.opts)
     bad += stats.bad
@@ -103,7 +115,17 @@ def encode_chunk(rows: list[Row], job: EncodeJob, renderer: ChatRenderer | None)
         trained = np.concatenate([s.labels != IGNORE_INDEX for s in samples]).astype(np.uint8)
     else:
         ids, trained = np.zeros(0, np.int32), np.zeros(0, np.uint8)
-    return ChunkResult(ids, trained, lengths, sources, bad, stats, len(rows))
+    return ChunkResult(ids, trained, lengths, sources, bad, stats, len(rows),
+                       [s.media for s in samples])
+
+
+def text_model_media_reason(conv: Conversation, model_name: str) -> str:
+    counts = ", ".join(f"{len(v)} {k}" for k, v in (("image(s)", conv.images),
+                                                      ("video(s)", conv.videos)) if v)
+    return (f"the row has {counts} but the model {model_name or ''} is text-only (no "
+            "vision tower or image processor), so they would be dropped and <image> trained "
+            "as text; use a vision-language model (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) or remove "
+            "the media columns from dataset_info.json")
 
 
 def convert_row(row: Any, where: str, job: EncodeJob, bad: list[tuple[str, str]]
@@ -128,6 +150,8 @@ def convert_row(row: Any, where: str, job: EncodeJob, bad: list[tuple[str, str]]
             conv = CONVERTERS[fmt](row, FormatSpec(fmt))
         else:
             conv = CONVERTERS[spec.formatting](row, spec)
+        if not job.opts.plain_text:
+            attach_media(row, spec, conv)
     except (RowError, DataError) as exc:
         bad.append((where, str(exc)))
         return None
@@ -170,7 +194,7 @@ def worker_count(requested: int) -> int:
 def run_pipeline(rows: Iterable[Row], job: EncodeJob, out: Path, *, workers: int,
                  total_rows: int | None = None, desc: str = "tokenise") -> PipelineResult:
     """Encode every row into a store at `out` (written atomically)."""
-    writer = StoreWriter(out)
+    writer = StoreWriter(out, job.vision)
     result = PipelineResult(SampleStore.from_samples([]), 0, [], EncodeStats())
     bar = tqdm(total=total_rows, desc=desc, unit="row", dynamic_ncols=True,
                disable=total_rows is not None and total_rows < PARALLEL_MIN_ROWS)
@@ -185,7 +209,8 @@ def run_pipeline(rows: Iterable[Row], job: EncodeJob, out: Path, *, workers: int
             _init_worker(job)
             results = map(_encode_chunk_in_worker, _chunks(rows, CHUNK_ROWS))
         for chunk in results:
-            writer.append_arrays(chunk.ids, chunk.trained, chunk.lengths, chunk.sources)
+            writer.append_arrays(chunk.ids, chunk.trained, chunk.lengths, chunk.sources,
+                                 chunk.media)
             result.rows += chunk.rows
             result.bad_rows += chunk.bad_rows
             result.stats.merge(chunk.stats)

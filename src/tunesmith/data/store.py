@@ -17,10 +17,12 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from tunesmith.data.encode import IGNORE_INDEX, EncodedSample
+from tunesmith.data.media_store import MediaTable, MediaWriter
 
 IDS_FILE, TRAINED_FILE, OFFSETS_FILE, SOURCES_FILE = (
     "input_ids.bin", "trained.bin", "offsets.npy", "sources.json")
@@ -30,9 +32,10 @@ class SampleStore(Sequence[EncodedSample]):
     """A read-only sequence of encoded samples backed by (memory-mapped) flat arrays."""
 
     def __init__(self, ids: np.ndarray, trained: np.ndarray, offsets: np.ndarray,
-                 sources: list[str] | None = None):
+                 sources: list[str] | None = None, media: MediaTable | None = None):
         self.ids, self.trained, self.offsets = ids, trained, offsets
         self._sources = sources
+        self.media = media  # vision-language stores: the samples' images and videos
         self.lengths = np.diff(offsets)  # [N] int64
 
     @classmethod
@@ -46,7 +49,7 @@ class SampleStore(Sequence[EncodedSample]):
             trained = np.concatenate([s.labels != IGNORE_INDEX for s in samples]).astype(np.uint8)
         else:
             ids, trained = np.zeros(0, np.int32), np.zeros(0, np.uint8)
-        return cls(ids, trained, offsets, sources)
+        return cls(ids, trained, offsets, sources, MediaTable.from_samples(samples))
 
     @classmethod
     def open(cls, folder: Path) -> SampleStore:
@@ -55,7 +58,8 @@ class SampleStore(Sequence[EncodedSample]):
         ids = _map(folder / IDS_FILE, np.int32, n_tokens)
         trained = _map(folder / TRAINED_FILE, np.uint8, n_tokens)
         return cls(ids, trained, offsets, None if not (folder / SOURCES_FILE).exists()
-                   else _LazySources(folder / SOURCES_FILE))  # type: ignore[arg-type]
+                   else _LazySources(folder / SOURCES_FILE),  # type: ignore[arg-type]
+                   MediaTable.open(folder))
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -66,15 +70,18 @@ class SampleStore(Sequence[EncodedSample]):
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
         ids = np.asarray(self.ids[lo:hi], dtype=np.int32)
         labels = np.where(self.trained[lo:hi] != 0, ids, IGNORE_INDEX).astype(np.int32)
-        return EncodedSample(ids, labels)
+        if self.media is None:
+            return EncodedSample(ids, labels)
+        return EncodedSample(ids, labels, self.media.items(int(i)), self.media.vision)
 
     def source(self, i: int) -> str:
         return self._sources[i] if self._sources is not None else f"sample {i}"
 
     def save(self, folder: Path) -> None:
-        writer = StoreWriter(folder)
+        writer = StoreWriter(folder, self.media.vision if self.media else None)
+        media = [self.media.items(i) for i in range(len(self))] if self.media else None
         writer.append_arrays(np.asarray(self.ids), np.asarray(self.trained), self.lengths,
-                             [self.source(i) for i in range(len(self))])
+                             [self.source(i) for i in range(len(self))], media)
         writer.close()
 
 
@@ -99,7 +106,7 @@ class _LazySources:
 class StoreWriter:
     """Append encoded chunks to a temporary folder; `close` renames it into place."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, vision: Any = None):
         self.folder = folder
         self.tmp = folder.with_name(f".{folder.name}.tmp-{os.getpid()}")
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -108,10 +115,16 @@ class StoreWriter:
         self._trained = open(self.tmp / TRAINED_FILE, "wb")  # noqa: SIM115
         self._lengths: list[np.ndarray] = []
         self._sources: list[str] = []
+        self._media = MediaWriter(self.tmp, vision) if vision is not None else None
 
     def append_arrays(self, ids: np.ndarray, trained: np.ndarray, lengths: np.ndarray,
-                      sources: list[str]) -> None:
-        """ids/trained: [sum(lengths)] flat; lengths: [n]; sources: n locations."""
+                      sources: list[str], media: list[Any] | None = None) -> None:
+        """ids/trained: [sum(lengths)] flat; lengths: [n]; sources: n locations; media: n
+        lists of MediaItems (or None) for a vision-language store."""
+        if self._media is not None:
+            first = len(self._sources)
+            for k, items in enumerate(media or []):
+                self._media.append(first + k, items)
         self._ids.write(np.ascontiguousarray(ids, dtype=np.int32).tobytes())
         self._trained.write(np.ascontiguousarray(trained, dtype=np.uint8).tobytes())
         self._lengths.append(np.asarray(lengths, dtype=np.int64))
@@ -120,6 +133,8 @@ class StoreWriter:
     def close(self) -> SampleStore:
         self._ids.close()
         self._trained.close()
+        if self._media is not None:
+            self._media.close()
         lengths = np.concatenate(self._lengths) if self._lengths else np.zeros(0, np.int64)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -134,6 +149,8 @@ class StoreWriter:
     def abort(self) -> None:
         for fh in (self._ids, self._trained):
             fh.close()
+        if self._media is not None:
+            self._media.abort()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 

@@ -158,6 +158,7 @@ class ChatRenderer:
             messages, tools=tools, tokenize=False, chat_template=self.source,
             add_generation_prompt=add_generation_prompt)
 
-    def prompt_text(self, messages: list[dict[str, Any]]) -> str:
-        """Text to feed for generation after `messages` (inference)."""
-        return self.render_messages(messages, add_generation_prompt=True)
+    def prompt_text(self, messages: list[dict[str, Any]], tools: list | None = None) -> str:
+        """Text to feed for generation after `messages` (inference), with `tools` (OpenAI
+        function specs) rendered in the template's tool format."""
+        return self.render_messages(messages, tools, add_generation_prompt=True)

@@ -28,6 +28,7 @@ from tunesmith.errors import ConfigError, DataError
 from tunesmith.evaluation.benchmark import LETTERS, Predictor, load_benchmark, run_benchmark
 from tunesmith.evaluation.metrics import score_predictions
 from tunesmith.infer.engine import GenerationParams, HFEngine
+from tunesmith.models.processor import load_vision_settings
 from tunesmith.train.objective import NextTokenObjective
 
 log = logging.getLogger(__name__)
@@ -80,8 +81,10 @@ def evaluate_loss(cfg: Config, engine: HFEngine) -> dict[str, Any]:
     perplexity = exp(loss), with the training objective and data pipeline."""
     data_cfg = dataclasses.replace(cfg.data, dataset=_dataset_names(cfg), eval_dataset=[],
                                    val_size=0.0)
+    vision = load_vision_settings(engine.model_path, engine.tokenizer, cfg)
     samples = prepare_data(data_cfg, DataContext(engine.renderer, engine.tokenizer,
-                                                 cfg.training.seed)).train
+                                                 cfg.training.seed, vision=vision,
+                                                 model_name=engine.model_path)).train
     t = cfg.training
     objective = NextTokenObjective(t.loss_impl, t.loss_chunk_size)
     loss_sum, tokens = 0.0, 0

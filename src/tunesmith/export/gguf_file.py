@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from tunesmith.config.schema import ModelConfig
+from tunesmith.errors import ExportError
 from tunesmith.export.gguf_arch import (
     ArchSpec,
     arch_spec,
@@ -27,6 +28,7 @@ from tunesmith.export.gguf_arch import (
 from tunesmith.export.gguf_vocab import GGUFVocab, build_vocab
 from tunesmith.export.hf_folder import unique_state_dict
 from tunesmith.export.merge import MergedModel, load_base_config
+from tunesmith.models.processor import is_vision_model, model_type_of
 
 Q8_BLOCK = 32  # values per Q8_0 block; rows of other lengths fall back to f16
 
@@ -36,6 +38,13 @@ def check_gguf_supported(model_cfg: ModelConfig) -> None:
     from tunesmith.models.provision import resolve_model_path
 
     path = resolve_model_path(model_cfg.model_name_or_path, model_cfg.cache_dir or None)
+    if is_vision_model(path):
+        raise ExportError(
+            f"export_format: gguf cannot hold the vision-language model {path!r} "
+            f"({model_type_of(path)}): llama.cpp runs such models as a language-model GGUF "
+            "plus a separate mmproj GGUF for the vision tower, and tunesmith does not write "
+            "mmproj files yet, so a GGUF alone would silently lose the vision tower; use "
+            "export_format: hf")
     arch_spec(load_base_config(path, model_cfg.trust_remote_code))
 
 

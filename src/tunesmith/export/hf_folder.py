@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from tunesmith.export.merge import MergedModel
+from tunesmith.models.processor import save_processor_files
 
 GB = 1_000_000_000  # as in transformers' "5GB"
 SINGLE_FILE = "model.safetensors"
@@ -93,4 +94,5 @@ def write_hf_folder(merged: MergedModel, folder: Path, shard_gb: float) -> list[
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(str(folder))
     write_tokenizer(merged, folder)
+    save_processor_files(merged.base_path, folder)  # a vision-language model's processor
     return files

@@ -24,7 +24,9 @@ from tunesmith.adapters.setup import load_adapters
 from tunesmith.data.template import ChatRenderer, load_template_source
 from tunesmith.errors import ConfigError, ModelError
 from tunesmith.infer.streaming import CancelCriteria, TextAssembler, TokenQueue
+from tunesmith.infer.vision import encode_vision_prompt, has_images
 from tunesmith.models.loader import load_causal_lm, load_tokenizer, pick_device
+from tunesmith.models.processor import is_vision_model, read_vision_settings
 from tunesmith.models.provision import resolve_model_path
 
 log = logging.getLogger(__name__)
@@ -99,6 +101,12 @@ def check_adapters(adapters: list[str]) -> None:
 class HFEngine:
     """transformers backend: CPU (fp32) or CUDA (bf16), KV cache, streaming, batching."""
 
+    # Text only: the API answers image parts with a 400. A vision-language engine (vision
+    # settings read from the model folder) takes messages with an "images" list and an
+    # <image> placeholder per image (serve/app.py -> infer/vision.encode_vision_prompt).
+    accepts_images = False
+    vision = None
+
     def __init__(self, model_name_or_path: str, adapter_name_or_path: list[str] | None = None,
                  template: str = "", device: str = "auto", trust_remote_code: bool = False,
                  cache_dir: str | None = None):
@@ -106,10 +114,14 @@ class HFEngine:
         check_adapters(adapters)
         self.device = pick_device(device)
         path = resolve_model_path(model_name_or_path, cache_dir)
+        self.model_path = path
         self.name = Path(model_name_or_path).name if adapters == [] else Path(adapters[-1]).name
         self.tokenizer = load_tokenizer(adapters[-1] if _has_tokenizer(adapters) else path,
                                         trust_remote_code=trust_remote_code)
         self.renderer = _pick_renderer(template, adapters, self.tokenizer)
+        self.vision = (read_vision_settings(path, self.tokenizer) if is_vision_model(path)
+                       else None)
+        self.accepts_images = self.vision is not None
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         model = load_causal_lm(path, dtype=dtype, trust_remote_code=trust_remote_code,
                                device=self.device)
@@ -119,11 +131,29 @@ class HFEngine:
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
         self.max_length = int(getattr(self.model.config, "max_position_embeddings", 0) or 0)
         self._lock = threading.Lock()  # one generate() at a time on the shared model
+        self.attention = self.model.config._attn_implementation  # generate() runs with this
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, tokenizer: Any, name: str,
+                   template: str = "") -> HFEngine:
+        """An engine over a model already in memory (benchmarks, tests, the web UI)."""
+        engine = cls.__new__(cls)
+        engine.device = next(model.parameters()).device
+        engine.name, engine.tokenizer = name, tokenizer
+        engine.renderer = _pick_renderer(template, [], tokenizer)
+        engine.model = model.eval()
+        engine.eos_ids = _eos_ids(model, tokenizer)
+        engine.max_length = int(getattr(model.config, "max_position_embeddings", 0) or 0)
+        engine._lock = threading.Lock()
+        engine.attention = model.config._attn_implementation
+        return engine
 
     # -- prompts ------------------------------------------------------------------------
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """Token ids of the rendered conversation followed by the generation prompt."""
-        text = self.renderer.prompt_text(messages)
+
+    def encode_chat(self, messages: list[dict[str, Any]], tools: list | None = None
+                    ) -> list[int]:
+        """Token ids of the rendered conversation (and tools) plus the generation prompt."""
+        text = self.renderer.prompt_text(messages, tools)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def encode_text(self, text: str) -> list[int]:
@@ -132,27 +162,36 @@ class HFEngine:
 
     # -- streaming ------------------------------------------------------------------------
     def stream(self, messages: list[dict[str, Any]], params: GenerationParams) -> Iterator[str]:
-        """Yield text pieces as they are generated."""
-        for chunk in self.stream_ids(self.encode_chat(messages), params):
+        """Yield text pieces as they are generated (messages may carry `images`)."""
+        extra: dict[str, Any] = {}
+        if has_images(messages):
+            ids, extra = encode_vision_prompt(messages, self.renderer, self.tokenizer,
+                                              self.vision, self.model)
+        else:
+            ids = self.encode_chat(messages)
+        for chunk in self.stream_ids(ids, params, extra):
             if chunk.text:
                 yield chunk.text
 
     def generate(self, messages: list[dict[str, Any]], params: GenerationParams) -> str:
         return "".join(self.stream(messages, params))
 
-    def stream_ids(self, prompt_ids: list[int], params: GenerationParams) -> Iterator[Chunk]:
+    def stream_ids(self, prompt_ids: list[int], params: GenerationParams,
+                   extra: dict[str, Any] | None = None) -> Iterator[Chunk]:
         """Stream the continuation of one prompt. Closing the iterator early stops generation.
+        `extra`: more `generate` inputs of this one prompt (a vision prompt's pixels).
 
         The last chunk carries finish_reason ("stop": end-of-sequence token or stop string;
         "length": max_new_tokens reached) and the number of generated tokens.
         """
-        rows = self.stream_batch([prompt_ids], [params], [threading.Event()])
+        rows = self.stream_batch([prompt_ids], [params], [threading.Event()], extra)
         with contextlib.closing(rows):
             for _, chunk in rows:
                 yield chunk
 
     def stream_batch(self, prompts: list[list[int]], params: list[GenerationParams],
-                     cancelled: list[threading.Event]) -> Iterator[tuple[int, Chunk]]:
+                     cancelled: list[threading.Event], extra: dict[str, Any] | None = None
+                     ) -> Iterator[tuple[int, Chunk]]:
         """Stream several prompts through one left-padded generate call, as (row, chunk).
 
         Rows share the sampling settings of params[0] (temperature, top_p, top_k,
@@ -167,14 +206,15 @@ class HFEngine:
         streamer, stop_all = TokenQueue(), threading.Event()
         kwargs = self._generate_kwargs(shared, ids, mask, stop_all)
         kwargs["streamer"] = streamer
+        kwargs.update({k: v.to(self.device) for k, v in (extra or {}).items()})
         errors: list[BaseException] = []
         thread = self._start_generate(kwargs, shared.seed, streamer, errors)
-        rows = [_Row(TextAssembler(self.tokenizer, p.stop, self.eos_ids), p.max_new_tokens)
+        rows = [RowText(TextAssembler(self.tokenizer, p.stop, self.eos_ids), p.max_new_tokens)
                 for p in params]
         try:
             for new in streamer:  # one new token per row
                 for i, token in enumerate(new):
-                    yield from _advance(i, rows[i], token, cancelled[i])
+                    yield from advance_row(i, rows[i], token, cancelled[i])
                 if all(r.done for r in rows):
                     break
         finally:
@@ -211,6 +251,12 @@ class HFEngine:
         """Chat-render and batch-generate several conversations."""
         return self.generate_batch([self.encode_chat(m) for m in conversations], params)
 
+    def use_attention(self, name: str) -> None:
+        """Switch the model's attention function (the continuous batcher uses its own); call
+        with the lock held. Switching is skipped when it is already in use."""
+        if self.model.config._attn_implementation != name:
+            self.model.set_attn_implementation(name)
+
     # -- internals ----------------------------------------------------------------------
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Token ids and attention mask, [B, T], padded on the left."""
@@ -237,6 +283,7 @@ class HFEngine:
 
     def _run_generate(self, kwargs: dict[str, Any], seed: int | None) -> torch.Tensor:
         with self._lock, torch.inference_mode():
+            self.use_attention(self.attention)
             if seed is not None:
                 torch.manual_seed(seed)
             return self.model.generate(**kwargs)
@@ -258,7 +305,7 @@ class HFEngine:
 
 
 @dataclass
-class _Row:
+class RowText:
     """One prompt's progress inside a batched stream."""
 
     text: TextAssembler
@@ -273,7 +320,7 @@ class _Row:
         return Chunk(tail, "stop" if stopped else "length", self.received)
 
 
-def _advance(i: int, row: _Row, token: int, cancelled: threading.Event
+def advance_row(i: int, row: RowText, token: int, cancelled: threading.Event
              ) -> Iterator[tuple[int, Chunk]]:
     if row.done:
         return

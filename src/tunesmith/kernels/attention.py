@@ -13,13 +13,18 @@ functions; without them every row is one causal sequence.
 from __future__ import annotations
 
 import inspect
-from functools import lru_cache
+from collections import Counter
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 VARLEN_ATTENTION = "tunesmith_varlen"
+
+# Calls of the registered function by path ("flash" | "reference"). transformers' registry
+# holds one function per name for the whole process, so its counts live beside it; the run
+# summary reports them as proof that the kernel ran (never a silent fallback).
+VARLEN_CALLS: Counter[str] = Counter()
 
 
 def register_varlen_attention() -> str:
@@ -30,9 +35,12 @@ def register_varlen_attention() -> str:
     """
     from transformers import AttentionInterface
 
-    # Kept out of torch.compile graphs: segment counts and lengths change every batch, and
-    # tracing them would recompile the decoder layers again and again.
-    AttentionInterface.register(VARLEN_ATTENTION, torch.compiler.disable(varlen_attention_forward))
+    # Traceable by torch.compile: the flash path is torch's custom op (cu_seqlens a tensor,
+    # the longest segment a symbolic int after one recompile), and the reference twin has a
+    # mask form for tracing. A graph break here would make dynamo run a whole checkpointed
+    # decoder layer eagerly (checkpoint bodies cannot be split).
+    _flash_setup()
+    AttentionInterface.register(VARLEN_ATTENTION, varlen_attention_forward)
     return VARLEN_ATTENTION
 
 
@@ -54,12 +62,39 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     q = query.transpose(1, 2).reshape(b * t, h, d)  # [B*T, H, D]
     k = key.transpose(1, 2).reshape(b * t, key.shape[1], d)
     v = value.transpose(1, 2).reshape(b * t, value.shape[1], d)
-    if query.is_cuda and _varlen_kernel() is not None and query.dtype in (torch.bfloat16,
+    if not torch.compiler.is_compiling():
+        _flash_setup()  # direct calls (tests) that skipped registration
+    if query.is_cuda and _FLASH["kernel"] is not None and query.dtype in (torch.bfloat16,
                                                                           torch.float16):
-        out = _flash_varlen(q, k, v, cu, int(max_len), scaling)
+        out = _flash_varlen(q, k, v, cu, max_len, scaling)
+        _count_call("flash")
+    elif torch.compiler.is_compiling():
+        out = varlen_attention_masked(q, k, v, cu, scaling)
     else:
         out = varlen_attention_reference(q, k, v, cu, scaling)
+        _count_call("reference")
     return out.reshape(b, t, h, d), None
+
+
+def _count_call(path: str) -> None:
+    if not torch.compiler.is_compiling():  # eager calls only: a traced side effect would
+        VARLEN_CALLS[path] += 1            # break the graph inside checkpointed layers
+
+
+def varlen_attention_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            cu_seqlens: torch.Tensor, scaling: float | None) -> torch.Tensor:
+    """The reference twin in traceable form (no data-dependent loop): one SDPA over all N
+    tokens with a block-diagonal causal mask. Memory grows as N^2; CPU/compile only.
+    q: [N, H, D]; k, v: [N, Hkv, D] -> [N, H, D]."""
+    n = q.shape[0]
+    groups = q.shape[1] // k.shape[1]
+    pos = torch.arange(n, device=q.device)
+    segment = torch.searchsorted(cu_seqlens.to(pos.dtype), pos, right=True)  # [N]
+    allowed = (segment[:, None] == segment[None, :]) & (pos[:, None] >= pos[None, :])
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1).repeat_interleave(groups, dim=0),
+        v.transpose(0, 1).repeat_interleave(groups, dim=0), attn_mask=allowed, scale=scaling)
+    return out.transpose(0, 1)
 
 
 def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -79,24 +114,31 @@ def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return out
 
 
-@lru_cache(maxsize=1)
-def _varlen_kernel() -> Any:
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:
-        return None
-    return varlen_attn
+def varlen_kernel_available() -> bool:
+    """True when this torch ships the varlen FlashAttention kernel (its GPU path)."""
+    return _flash_setup()["kernel"] is not None
 
 
-@lru_cache(maxsize=1)
-def _varlen_params() -> frozenset[str]:
-    return frozenset(inspect.signature(_varlen_kernel()).parameters)
+# torch's varlen kernel and the keyword names it takes (they moved between releases), looked
+# up once, eagerly: inspect.signature inside a traced layer would break the graph.
+_FLASH: dict[str, Any] = {}
+
+
+def _flash_setup() -> dict[str, Any]:
+    if not _FLASH:
+        try:
+            from torch.nn.attention.varlen import varlen_attn
+        except ImportError:
+            varlen_attn = None
+        params = frozenset(inspect.signature(varlen_attn).parameters) if varlen_attn else ()
+        _FLASH.update(kernel=varlen_attn, params=frozenset(params))
+    return _FLASH
 
 
 def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.Tensor,
                   max_len: int, scaling: float | None) -> torch.Tensor:
     """torch's varlen FlashAttention; its keyword names moved between torch releases."""
-    params = _varlen_params()
+    params = _FLASH["params"]
     kw: dict[str, Any] = {"scale": scaling}
     if "window_size" in params:
         kw["window_size"] = (-1, 0)  # causal
@@ -109,4 +151,4 @@ def _flash_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu: torch.T
             groups = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     cu = cu.to(torch.int32)
-    return _varlen_kernel()(q, k, v, cu, cu, max_len, max_len, **kw)
+    return _FLASH["kernel"](q, k, v, cu, cu, max_len, max_len, **kw)

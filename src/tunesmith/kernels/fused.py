@@ -69,6 +69,11 @@ FUSABLE: dict[str, tuple[str, str]] = {
     "mistral": ("MistralRMSNorm", "MistralMLP"),
     "qwen2": ("Qwen2RMSNorm", "Qwen2MLP"),
     "qwen3": ("Qwen3RMSNorm", "Qwen3MLP"),
+    # vision-language models: the language model's modules (Qwen2.5-VL's norm class is
+    # shared with its vision tower, where the swap computes the same RMSNorm)
+    "qwen2_vl": ("Qwen2VLRMSNorm", "Qwen2MLP"),
+    "qwen2_5_vl": ("Qwen2_5_VLRMSNorm", "Qwen2MLP"),
+    "qwen3_vl": ("Qwen3VLTextRMSNorm", "Qwen3VLTextMLP"),
 }
 
 

@@ -11,12 +11,15 @@ the attention registry, module swaps, activation checkpointing and regional comp
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
+from typing import Any
 
 import torch
 
-from tunesmith.kernels.attention import register_varlen_attention
+from tunesmith.errors import ConfigError
+from tunesmith.kernels.attention import VARLEN_ATTENTION, register_varlen_attention
 from tunesmith.kernels.fused import swap_fused_modules
 
 log = logging.getLogger(__name__)
@@ -36,45 +39,148 @@ def _selective_policy(ctx, op, *args, **kwargs):
             else CheckpointPolicy.PREFER_RECOMPUTE)
 
 
-def enable_checkpointing(model: torch.nn.Module, mode: str) -> None:
+def enable_checkpointing(model: torch.nn.Module, mode: str, *, reentrant: bool = False,
+                         stats: Any = None) -> int:
+    """Checkpoint every decoder layer; returns how many. `stats.layer_runs` counts eager runs
+    of the checkpointed layer bodies (forward + recompute), the proof that recompute ran."""
     if mode == "false":
-        return
-    kwargs: dict = {"use_reentrant": False}
+        return 0
+    if mode == "selective" and reentrant:
+        raise ConfigError("gradient_checkpointing: selective needs use_reentrant_gc: false")
+    kwargs: dict = {"use_reentrant": reentrant}
     if mode == "selective":
         from torch.utils.checkpoint import create_selective_checkpoint_contexts
 
         kwargs["context_fn"] = partial(create_selective_checkpoint_contexts, _selective_policy)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    if not getattr(base, "supports_gradient_checkpointing", False):
+        raise ConfigError(f"gradient_checkpointing: {mode}: {type(base).__name__} does not "
+                          "support activation checkpointing; set gradient_checkpointing: false")
+    if reentrant:  # reentrant recompute gives gradients only when its inputs require them
+        base.enable_input_require_grads()
+    base._set_gradient_checkpointing(enable=True,
+                                     gradient_checkpointing_func=_checkpoint_func(kwargs, stats))
+    return sum(1 for layer in decoder_layers(base) if getattr(layer, "gradient_checkpointing",
+                                                              False))
+
+
+def _checkpoint_func(kwargs: dict, stats: Any):
+    from torch.utils.checkpoint import checkpoint
+
+    def run(function, *args, **kw):
+        def counted(*a, **k):
+            if stats is not None and not torch.compiler.is_compiling():
+                stats.layer_runs += 1
+            return function(*a, **k)
+
+        return checkpoint(counted, *args, **kwargs, **kw)
+
+    return run
+
+
+# Bytes of saved activations parked in CPU memory by `activation_offload` (process-wide,
+# like the hooks; the run summary reports them as proof that offload happened).
+OFFLOAD_COUNTS: Counter[str] = Counter()
+
+
+class _CpuOffload(torch.autograd.graph.saved_tensors_hooks):
+    """torch's save_on_cpu, counting what it parks."""
+
+    def __init__(self, pin_memory: bool):
+        def pack(t: torch.Tensor):
+            if not torch.compiler.is_compiling():
+                OFFLOAD_COUNTS["bytes"] += t.numel() * t.element_size()
+            if t.device.type == "cpu":
+                return t.device, t
+            packed = torch.empty(t.size(), dtype=t.dtype, layout=t.layout,
+                                 pin_memory=pin_memory)
+            packed.copy_(t)
+            return t.device, packed
+
+        def unpack(saved):
+            device, t = saved
+            return t.to(device, non_blocking=pin_memory)
+
+        super().__init__(pack, unpack)
 
 
 def activation_offload(mode: str, device: torch.device) -> AbstractContextManager:
     """Context for the forward pass: with `offload`, tensors saved for backward (the layer
     inputs kept by checkpointing) go to pinned CPU memory and come back for backward."""
     if mode == "offload":
-        return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+        return _CpuOffload(pin_memory=device.type == "cuda")
     return nullcontext()
 
 
-def use_varlen_attention(model: torch.nn.Module) -> None:
-    name = register_varlen_attention()
+def set_attention(model: torch.nn.Module, name: str) -> None:
+    """Switch a loaded model's attention implementation (registering tunesmith's own)."""
+    if name in ("varlen", VARLEN_ATTENTION):
+        name = register_varlen_attention()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    language = getattr(getattr(base, "model", None), "language_model", None)
+    if language is not None and hasattr(base.model, "visual"):
+        # vision-language: the (causal, packed) language model only; the vision tower keeps
+        # its own bidirectional attention
+        base = language
+    if getattr(base.config, "_attn_implementation", None) == name:
+        return
     if hasattr(base, "set_attn_implementation"):
         base.set_attn_implementation(name)
     else:  # older transformers
         base.config._attn_implementation = name
 
 
-def compile_decoder_layers(model: torch.nn.Module) -> int:
-    """Regional compilation: each decoder layer compiled in place (one graph shared by all
-    identical layers), leaving the loss and the loop eager."""
+def use_varlen_attention(model: torch.nn.Module) -> None:
+    set_attention(model, VARLEN_ATTENTION)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    layers = getattr(base.get_decoder(), "layers", None)
-    if layers is None:
+    return list(getattr(base.get_decoder(), "layers", None) or [])
+
+
+def compile_decoder_layers(model: torch.nn.Module, backend: str = "inductor") -> int:
+    """Regional compilation: each decoder layer compiled in place (one graph shared by all
+    identical layers), leaving the loss and the loop eager. Compilation itself happens at
+    the first forward pass."""
+    layers = decoder_layers(model)
+    if not layers:
         log.warning("torch_compile: no decoder `layers` found; nothing compiled")
         return 0
     for layer in layers:
-        layer.compile()
+        layer.compile(backend=backend)
     return len(layers)
+
+
+def uncompile_decoder_layers(model: torch.nn.Module) -> None:
+    """Undo `compile_decoder_layers`: the layers run eagerly again. nn.Module.compile keeps
+    its compiled call in `_compiled_call_impl`; torch has no public inverse."""
+    for layer in decoder_layers(model):
+        layer._compiled_call_impl = None
+
+
+def upcast_norm_weights(model: torch.nn.Module) -> int:
+    """Norm weights (1-D parameters of modules named *norm*) in fp32; returns how many were
+    cast (0 when they already are)."""
+    n = 0
+    for name, module in model.named_modules():
+        if "norm" not in name.rsplit(".", 1)[-1].lower():
+            continue
+        for param in module.parameters(recurse=False):
+            if param.ndim == 1 and param.dtype != torch.float32:
+                param.data = param.data.float()
+                n += 1
+    return n
+
+
+def set_tf32(enabled: bool, device: torch.device) -> None:
+    if not enabled:
+        return
+    if device.type != "cuda":
+        log.warning("tf32: true applies to NVIDIA GPUs; this %s run is unaffected", device.type)
+        return
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
 
 
 def apply_fused_kernels(model: torch.nn.Module, use_liger: bool) -> int:

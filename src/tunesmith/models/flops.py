@@ -33,10 +33,12 @@ class FlopModel:
 
 def build_flop_model(model: torch.nn.Module, full: bool) -> FlopModel:
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cfg = base.config
+    cfg = base.config.get_text_config()  # a vision-language model: its language model
     matmul = 0
     for name, module in base.named_modules():
-        if isinstance(module, torch.nn.Linear) and "lora_" not in name:
+        # the vision tower runs per patch, not per token: left out of the per-token count
+        if isinstance(module, torch.nn.Linear) and "lora_" not in name \
+                and ".visual." not in f".{name}":
             matmul += module.weight.numel()
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return FlopModel(matmul, cfg.num_hidden_layers, cfg.num_attention_heads * head_dim, full)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+import time
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,8 @@ import torch
 
 from tunesmith import __version__
 from tunesmith.adapters.setup import prepare_trainable
-from tunesmith.config.environment import distributed_env
+from tunesmith.adapters.vision import VisionParts
+from tunesmith.config.environment import cache_root, distributed_env
 from tunesmith.config.loader import dump_config
 from tunesmith.config.schema import Config
 from tunesmith.data.loader import LoaderOptions
@@ -31,11 +33,31 @@ from tunesmith.models.acceleration import (
     apply_fused_kernels,
     compile_decoder_layers,
     enable_checkpointing,
-    use_varlen_attention,
+    set_attention,
+    set_tf32,
+    upcast_norm_weights,
+)
+from tunesmith.models.compile_cache import (
+    CompileCache,
+    compile_settings,
+    open_compile_cache,
+    save_compile_cache,
 )
 from tunesmith.models.flops import batch_flops, build_flop_model
 from tunesmith.models.loader import load_causal_lm, load_tokenizer
+from tunesmith.models.processor import (
+    is_vision_model,
+    load_vision_settings,
+    save_processor_files,
+)
 from tunesmith.models.provision import resolve_model_path
+from tunesmith.models.speed import (
+    CompileGuard,
+    SpeedPlan,
+    check_compile_backend,
+    plan_attention,
+    plan_compile,
+)
 from tunesmith.runs.folder import (
     LOCK_FILE,
     LOSS_PLOT_FILE,
@@ -46,7 +68,7 @@ from tunesmith.runs.folder import (
 )
 from tunesmith.train.loop import Trainer
 from tunesmith.train.metrics import MetricsLog, plot_loss
-from tunesmith.train.summary import write_summary
+from tunesmith.train.summary import reset_lever_counts, speed_report, write_summary
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +126,8 @@ def _run_sft(cfg: Config) -> dict[str, Any]:
     m, f, t = cfg.model, cfg.finetuning, cfg.training
     if not m.model_name_or_path:
         raise ConfigError("model_name_or_path: not set; e.g. smollm2-135m-instruct")
+    started = time.perf_counter()
+    graphs_before = reset_lever_counts()
     offload = bool(t.fsdp) and fsdp_settings(t).cpu_offload
     ctx = init_distributed(t.device, t.ddp_backend, t.ddp_timeout, cpu_offload=offload)
     out = check_output_dir_once(cfg, ctx)
@@ -112,15 +136,17 @@ def _run_sft(cfg: Config) -> dict[str, Any]:
     tokenizer = load_tokenizer(model_path, trust_remote_code=m.trust_remote_code)
     template_name, template_source = load_template_source(m.template, tokenizer)
     renderer = ChatRenderer(template_name, template_source, tokenizer)
+    vision = load_vision_settings(model_path, tokenizer, cfg)  # None: a text-only model
     data = prepare_on_main(
         lambda: prepare_data(cfg.data, DataContext(renderer, tokenizer, t.seed, f.stage,
-                                                   t.overwrite_cache)),
+                                                   t.overwrite_cache, vision,
+                                                   m.model_name_or_path)),
         out / ".cache", "prepared-data", ctx, t.ddp_timeout)
     train_items = apply_packing(data, cfg.data)
     if ctx.is_main:
         dump_config(cfg, out / "config.resolved.yaml")
 
-    model = build_model(cfg, model_path, device)  # same seed on every rank: same LoRA init
+    model, plan = build_model(cfg, model_path, device)  # same seed on every rank: same init
     from tunesmith.train.objective import NextTokenObjective
 
     flop_model = build_flop_model(model, full=f.finetuning_type == "full")
@@ -137,6 +163,8 @@ def _run_sft(cfg: Config) -> dict[str, Any]:
                       checkpoint_extra=save_artifacts if lora else None,
                       flops_per_token=partial(batch_flops, flop_model),
                       strategy=build_strategy(t, ctx), loader=loader)
+    trainer.compile_guard = CompileGuard(model, plan)
+    cache = _open_compile_cache(cfg, model, plan)
     if t.resume_from_checkpoint:
         trainer.resume(t.resume_from_checkpoint)
     try:
@@ -149,41 +177,69 @@ def _run_sft(cfg: Config) -> dict[str, Any]:
     if result.stopped:  # graceful stop: the checkpoint is the output; resume to finish
         barrier(ctx)
         return {"stopped": True, "steps": result.state.step, "checkpoint": str(result.checkpoint)}
+    if cache is not None and not plan.stats.compile_fallback:
+        save_compile_cache(cache)
     gathered = trainer.strategy.export_state(adapter=lora)  # collective when sharded
     summary: dict[str, Any] = {}
     if ctx.is_main:
         save_artifacts(out, state_dict=gathered)
-        summary = write_summary(out, cfg, result, data.report, device)
+        speed = speed_report(plan, started, trainer.throughput.first_step_end, graphs_before)
+        speed["compile_cache"] = cache.report() if cache is not None else None
+        summary = write_summary(out, cfg, result, data.report, device, speed=speed)
     barrier(ctx)
     return summary
 
 
-def build_model(cfg: Config, model_path: str, device: torch.device) -> torch.nn.Module:
-    """The base model on `device` with its trainable parameters set up."""
+def build_model(cfg: Config, model_path: str, device: torch.device
+                ) -> tuple[torch.nn.Module, SpeedPlan]:
+    """The base model on `device` with its trainable parameters and speed levers set up."""
     m, t = cfg.model, cfg.training
     torch.manual_seed(t.seed)
+    plan = plan_attention(cfg, device)  # before loading: transformers checks the name
     model = load_causal_lm(model_path, dtype=_base_dtype(cfg, device),
                            trust_remote_code=m.trust_remote_code,
-                           attn_implementation=m.attn_implementation, device=device)
-    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path)
-    apply_speed_settings(model, cfg)
-    return model
+                           attn_implementation=plan.attention, device=device)
+    parts = VisionParts.from_config(cfg.multimodal) if is_vision_model(model_path) else None
+    model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path, parts)
+    plan_compile(plan, cfg, device, getattr(model.config, "model_type", ""))
+    apply_speed_settings(model, cfg, plan)
+    return model, plan
 
 
-def apply_speed_settings(model: torch.nn.Module, cfg: Config) -> None:
-    """Attention kernel, fused modules, activation checkpointing and compilation."""
-    m, t = cfg.model, cfg.training
-    if m.attn_implementation == "varlen":
-        use_varlen_attention(model)
-    if m.enable_liger_kernel:
+def apply_speed_settings(model: torch.nn.Module, cfg: Config,
+                         plan: SpeedPlan | None = None) -> SpeedPlan:
+    """Attention kernel, tf32, norm upcast, fused modules, activation checkpointing and
+    compilation. Without a `plan` (benchmark harness) it is made from the config."""
+    device = next(model.parameters()).device
+    if plan is None:
+        plan = plan_attention(cfg, device)
+        plan_compile(plan, cfg, device, getattr(model.config, "model_type", ""))
+    set_attention(model, plan.attention)
+    set_tf32(plan.tf32, device)
+    if plan.upcast_layernorm:
+        plan.stats.upcast_params = upcast_norm_weights(model)
+        log.info("upcast_layernorm: %d norm weight(s) cast to fp32", plan.stats.upcast_params)
+    if cfg.model.enable_liger_kernel:
         if liger_ops() is None:
             raise ConfigError("enable_liger_kernel: liger-kernel is not installed; pip install "
                               "liger-kernel, or set enable_liger_kernel: false")
         apply_fused_kernels(model, use_liger=True)
-    enable_checkpointing(model, t.gradient_checkpointing)
+    plan.stats.checkpointed_layers = enable_checkpointing(
+        model, plan.checkpointing, reentrant=plan.reentrant, stats=plan.stats)
     model.config.use_cache = False
-    if m.torch_compile:
-        compile_decoder_layers(model)
+    if plan.compile:
+        check_compile_backend(plan.compile_backend)
+        plan.stats.compiled_layers = compile_decoder_layers(model, plan.compile_backend)
+    return plan
+
+
+def _open_compile_cache(cfg: Config, model: torch.nn.Module, plan: SpeedPlan
+                        ) -> CompileCache | None:
+    if not plan.compile:
+        return None
+    root = Path(cfg.model.cache_dir).expanduser() if cfg.model.cache_dir else cache_root()
+    shape = (cfg.training.per_device_train_batch_size, cfg.data.cutoff_len)
+    return open_compile_cache(root, compile_settings(model, plan, shape))
 
 
 def _base_dtype(cfg: Config, device: torch.device) -> torch.dtype:
@@ -209,6 +265,8 @@ def _save_model(folder: Path, *, model: torch.nn.Module, tokenizer: Any, templat
         model.save_pretrained(str(folder), state_dict=state_dict)
     tokenizer.chat_template = template_source
     tokenizer.save_pretrained(str(folder))
+    save_processor_files(resolve_model_path(cfg.model.model_name_or_path,
+                                            cfg.model.cache_dir or None), folder)
     info = {"tunesmith_version": __version__,
             "model_name_or_path": cfg.model.model_name_or_path,
             "template": cfg.model.template or "tokenizer",

@@ -17,7 +17,13 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tunesmith.errors import DataError, TunesmithError
+from tunesmith.errors import (
+    ConfigError,
+    DataError,
+    ModelError,
+    TunesmithError,
+    UnsupportedModelError,
+)
 
 try:  # the one place the server's optional dependencies are imported
     import uvicorn  # noqa: F401
@@ -30,8 +36,10 @@ except ImportError as exc:  # pragma: no cover - depends on the installation
                          "pip install 'tunesmith[serve]'") from None
 
 from tunesmith.infer.engine import Chunk, Completion, GenerationParams, HFEngine
+from tunesmith.infer.vision import encode_vision_prompt, has_images
 from tunesmith.serve.errors import APIError, error_body
 from tunesmith.serve.limits import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
+from tunesmith.serve.media import MediaPolicy, load_request_images
 from tunesmith.serve.protocol import ChatCompletionRequest, CompletionRequest
 from tunesmith.serve.responses import (
     DONE,
@@ -41,6 +49,8 @@ from tunesmith.serve.responses import (
     sse,
     usage_event,
 )
+from tunesmith.serve.tool_api import check_images, check_tool_choice
+from tunesmith.serve.tools import ToolStreamSplitter, openai_tool_calls
 from tunesmith.serve.worker import GenerationWorker, QueueFull
 
 log = logging.getLogger(__name__)
@@ -57,7 +67,10 @@ class ServerSettings:
     max_batch: int = 16  # streams generated together at most
     max_model_len: int = 0  # 0: the model's max_position_embeddings
     default_max_tokens: int = 512
+    cuda_graphs: bool = True  # decode steps replayed from CUDA graphs (GPU)
+    kv_cache_fraction: float = 0.85  # share of free GPU memory for the KV cache
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # larger bodies: 413, never parsed
+    media: MediaPolicy = field(default_factory=MediaPolicy)  # where request images may come from
 
 
 def parse_body(raw: bytes, model: type[T]) -> T:
@@ -101,16 +114,27 @@ class Service:
     async def chat(self, raw: bytes) -> Any:
         req = parse_body(raw, ChatCompletionRequest)
         self._check_common(req)
+        check_tool_choice(req)
+        check_images(req, self.engine, self.settings.model_name)
         conv = req.conversation()
-        if not any(m["content"].strip() for m in conv):
+        if not any(_has_content(m) for m in conv):
             raise APIError(400, "messages: every message is empty; send a user message with "
                            "some text", param="messages", code="empty_prompt")
+        tools = req.template_tools()
+        extra: dict[str, Any] | None = None  # pixel inputs of a vision-language prompt
         try:
-            ids = self.engine.encode_chat(conv)
-        except DataError as exc:
+            if has_images(conv):
+                conv = load_request_images(conv, self.settings.media)
+                ids, extra = encode_vision_prompt(conv, self.engine.renderer,
+                                                  self.engine.tokenizer, self.engine.vision,
+                                                  self.engine.model)
+            else:
+                ids = self.engine.encode_chat(conv, tools)
+        except (DataError, ConfigError) as exc:
             raise APIError(400, f"messages: {exc}", param="messages",
                            code="invalid_messages") from None
-        return await self._respond(ResponseMeta("chat", self.settings.model_name), req, [ids])
+        meta = ResponseMeta("chat", self.settings.model_name, tools=tools is not None)
+        return await self._respond(meta, req, [ids], extra)
 
     async def completions(self, raw: bytes) -> Any:
         req = parse_body(raw, CompletionRequest)
@@ -158,68 +182,71 @@ class Service:
             raise APIError(400, "; ".join(problems), code="invalid_value")
         return params
 
-    async def _respond(self, meta: ResponseMeta, req: Request, prompts: list[list[int]]) -> Any:
+    async def _respond(self, meta: ResponseMeta, req: Request, prompts: list[list[int]],
+                       extra: dict[str, Any] | None = None) -> Any:
+        """`extra`: a vision prompt's pixel inputs; such a request generates on its own."""
         params = self.params(req, prompts)
         prompt_tokens = sum(len(p) for p in prompts)
+        jobs = choice_jobs(prompts, req.n, params)
+        items = self._open(jobs) if extra is None else self._open_with_pixels(jobs, extra)
         if req.stream:
             usage = bool(req.stream_options and req.stream_options.include_usage)
-            if req.n == 1 and len(prompts) == 1:  # may share a batch with other streams
-                items = _first_row(self._open_stream(prompts[0], params))
-            else:
-                items = self._open(lambda: self._stream_all(prompts, req.n, params))
             events = self._events(meta, items, prompt_tokens, usage)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        results: list[Completion] = []
-        if req.n == 1 and len(prompts) == 1:  # joins a batch like a stream, then assembled
-            results = [await _collect(self._open_stream(prompts[0], params), prompt_tokens)]
-        else:
-            batch = [p for p in prompts for _ in range(req.n)]
-            items = self._open(lambda: iter([self.engine.generate_batch(batch, params)]))
-            async for value in items:
-                results = value
+        results = await _collect(items, len(prompts) * req.n, prompt_tokens)
         return JSONResponse(full_body(meta, results, prompt_tokens))
 
-    def _open(self, make: Any) -> AsyncIterator[Any]:
+    def _open(self, jobs: list[tuple[list[int], GenerationParams]]
+              ) -> AsyncIterator[tuple[int, Chunk]]:
+        try:
+            if len(jobs) == 1:  # may share a batch with other streams
+                return _first_row(self.worker.open_stream(*jobs[0]))
+            return self.worker.open_many(jobs)
+        except QueueFull:
+            raise _busy() from None
+        except ModelError as exc:  # the batcher's own context check (its cache slots)
+            raise APIError(400, str(exc), param="max_tokens",
+                           code="context_length_exceeded") from None
+
+    def _open_with_pixels(self, jobs: list[tuple[list[int], GenerationParams]],
+                          extra: dict[str, Any]) -> AsyncIterator[tuple[int, Chunk]]:
+        """A vision-language prompt: its choices stream in turn in the worker thread, each
+        generating with the prompt's pixel inputs (vision models are served by the
+        one-generate-at-a-time worker, see build_streams)."""
+        def make() -> Iterator[tuple[int, Chunk]]:
+            for index, (ids, params) in enumerate(jobs):
+                with contextlib.closing(self.engine.stream_ids(ids, params, extra)) as chunks:
+                    for chunk in chunks:
+                        yield index, chunk
+
         try:
             return self.worker.open(make)
         except QueueFull:
             raise _busy() from None
 
-    def _open_stream(self, prompt: list[int], params: GenerationParams) -> AsyncIterator[Any]:
-        try:
-            return self.worker.open_stream(prompt, params)
-        except QueueFull:
-            raise _busy() from None
-
-    def _stream_all(self, prompts: list[list[int]], n: int, params: GenerationParams
-                    ) -> Iterator[tuple[int, Chunk]]:
-        """Runs in the worker thread: each choice streams in turn. A seed applies once, so
-        a seeded request with n > 1 is reproducible and its choices still differ."""
-        index = 0
-        for ids in prompts:
-            for _ in range(n):
-                p = params if index == 0 else dataclasses.replace(params, seed=None)
-                with contextlib.closing(self.engine.stream_ids(ids, p)) as chunks:
-                    for chunk in chunks:
-                        yield index, chunk
-                index += 1
-
     async def _events(self, meta: ResponseMeta, items: AsyncIterator[tuple[int, Chunk]],
                       prompt_tokens: int, usage: bool) -> AsyncIterator[str]:
-        started: set[int] = set()
+        started: dict[int, ToolStreamSplitter] = {}  # with tools, calls are held back
         completion = 0
         try:
             async for index, chunk in items:
                 if index not in started and meta.kind == "chat":
                     yield chunk_event(meta, index, role=True, text="", with_usage=usage)
-                started.add(index)
-                if chunk.text:
-                    yield chunk_event(meta, index, text=chunk.text, with_usage=usage)
+                split = started.setdefault(index, ToolStreamSplitter())
+                text, calls = split.add(chunk.text) if meta.tools else chunk.text, []
+                if meta.tools and chunk.finish_reason is not None:
+                    tail, calls = split.finish()
+                    text += tail
+                if text:
+                    yield chunk_event(meta, index, text=text, with_usage=usage)
+                if calls:
+                    yield chunk_event(meta, index, tool_calls=openai_tool_calls(calls),
+                                      with_usage=usage)
                 if chunk.finish_reason is not None:
                     completion += chunk.completion_tokens
-                    yield chunk_event(meta, index, finish_reason=chunk.finish_reason,
-                                      with_usage=usage)
+                    yield chunk_event(meta, index, with_usage=usage, finish_reason=(
+                        "tool_calls" if calls else chunk.finish_reason))
         except Exception as exc:  # the response has started: report in the stream
             log.error("generation failed: %s", type(exc).__name__)
             yield sse(error_body(500, f"generation failed ({type(exc).__name__})"))
@@ -230,19 +257,40 @@ class Service:
         yield DONE
 
 
+def _has_content(message: dict[str, Any]) -> bool:
+    content = message["content"]
+    if isinstance(content, list):  # parts with images (vision-language engines only)
+        return bool(content)
+    return bool(content.strip() or message.get("tool_calls"))
+
+
 def _busy() -> APIError:
     return APIError(503, "the server is busy (request queue full); retry shortly",
                     code="server_busy")
 
 
-async def _collect(chunks: AsyncIterator[Chunk], prompt_tokens: int) -> Completion:
-    """The whole text of one stream, as a Completion."""
-    pieces, last = [], Chunk("")
-    async for chunk in chunks:
-        pieces.append(chunk.text)
-        last = chunk
-    return Completion("".join(pieces), last.finish_reason or "stop", prompt_tokens,
-                      last.completion_tokens)
+def choice_jobs(prompts: list[list[int]], n: int, params: GenerationParams
+                ) -> list[tuple[list[int], GenerationParams]]:
+    """One job per choice; a seed becomes seed + choice index, so a seeded request is
+    reproducible as a whole and its choices still differ."""
+    jobs = []
+    for ids in prompts:
+        for _ in range(n):
+            seed = None if params.seed is None else params.seed + len(jobs)
+            jobs.append((ids, dataclasses.replace(params, seed=seed)))
+    return jobs
+
+
+async def _collect(items: AsyncIterator[tuple[int, Chunk]], count: int, prompt_tokens: int
+                   ) -> list[Completion]:
+    """The whole text of each choice, as Completions in choice order."""
+    pieces: list[list[str]] = [[] for _ in range(count)]
+    last = [Chunk("") for _ in range(count)]
+    async for index, chunk in items:
+        pieces[index].append(chunk.text)
+        last[index] = chunk
+    return [Completion("".join(p), c.finish_reason or "stop", prompt_tokens,
+                       c.completion_tokens) for p, c in zip(pieces, last, strict=True)]
 
 
 async def _first_row(chunks: AsyncIterator[Chunk]) -> AsyncIterator[tuple[int, Chunk]]:
@@ -253,9 +301,30 @@ async def _first_row(chunks: AsyncIterator[Chunk]) -> AsyncIterator[tuple[int, C
         await chunks.aclose()  # type: ignore[attr-defined]
 
 
+def build_streams(engine: HFEngine, settings: ServerSettings) -> Any:
+    """The continuous batcher for models its slot cache serves; the one-generate-at-a-time
+    worker otherwise (said in the log)."""
+    from tunesmith.infer.batcher import BatcherOptions, ContinuousBatcher
+    from tunesmith.serve.streams import BatcherStreams
+
+    options = BatcherOptions(max_batch=settings.max_batch, max_len=settings.max_model_len,
+                             max_waiting=settings.max_queue,
+                             memory_fraction=settings.kv_cache_fraction,
+                             cuda_graphs=settings.cuda_graphs)
+    try:
+        if engine.vision is not None:
+            raise UnsupportedModelError("pixel inputs of vision-language prompts are not "
+                                        "batched yet")
+        return BatcherStreams(ContinuousBatcher(engine, options))
+    except UnsupportedModelError as exc:
+        log.warning("continuous batching is off for this model (%s); requests are served "
+                    "by one generate call at a time", exc)
+        return GenerationWorker(engine, settings.max_queue, settings.max_batch)
+
+
 def create_app(engine: HFEngine, settings: ServerSettings) -> Any:
     """The FastAPI app serving `engine` under `settings.model_name`."""
-    worker = GenerationWorker(engine, settings.max_queue, settings.max_batch)
+    worker = build_streams(engine, settings)
     service = Service(engine, settings, worker)
 
     @contextlib.asynccontextmanager

@@ -6,6 +6,7 @@ is never dropped silently; a few common ones are accepted only at their neutral 
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -23,17 +24,87 @@ class TextPart(_Strict):
     text: str
 
 
+class ImageURL(_Strict):
+    url: str
+    detail: Literal["auto", "low", "high"] | None = None
+
+
+class ImagePart(_Strict):
+    """An image (vision-language models): a data: URL, an allowed local path, or a remote
+    URL when the server allows fetching."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
+class CalledFunction(_Strict):
+    name: str
+    arguments: str  # a JSON object, as text (OpenAI's shape)
+
+    @field_validator("arguments")
+    @classmethod
+    def _check_arguments(cls, v: str) -> str:
+        try:
+            json.loads(v)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not JSON ({exc.msg}); send the arguments as a JSON object "
+                             "in a string") from None
+        return v
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
+class FunctionSpec(_Strict):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolSpec(_Strict):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | ImagePart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
 
     def text(self) -> str:
+        """The text, with an <image> placeholder where each image part stands."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.text for p in self.content)
+        return "".join(p.text if isinstance(p, TextPart) else "<image>" for p in self.content)
+
+    def image_urls(self) -> list[str]:
+        if not isinstance(self.content, list):
+            return []
+        return [p.image_url.url for p in self.content if isinstance(p, ImagePart)]
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as chat templates expect it (tool-call arguments as objects)."""
+        d: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role,
+                             "content": self.text()}
+        if self.image_urls():  # text with an <image> per image part, in the request's order
+            d["images"] = self.image_urls()
+        if self.tool_calls:
+            d["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                "name": c.function.name, "arguments": json.loads(c.function.arguments)}}
+                for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            d["tool_call_id"] = self.tool_call_id
+        if self.name is not None and self.role == "tool":
+            d["name"] = self.name
+        return d
 
 
 class StreamOptions(_Strict):
@@ -82,15 +153,32 @@ class _Sampling(_Strict):
         return list(self.stop or [])  # already normalised to a list by the validator
 
 
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: Literal[False] | None = None
+    tools: list[ToolSpec] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def conversation(self) -> list[dict[str, Any]]:
         """Messages as the chat template expects them (developer -> system)."""
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-                for m in self.messages]
+        return [m.template_dict() for m in self.messages]
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """Tools to render into the prompt (none when tool_choice is "none")."""
+        if not self.tools or self.tool_choice == "none":
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
 
     def requested_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

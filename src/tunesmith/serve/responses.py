@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from tunesmith.infer.engine import Completion
+from tunesmith.serve.tools import openai_tool_calls, parse_tool_calls
 
 Kind = Literal["chat", "text"]
 
@@ -21,6 +22,7 @@ class ResponseMeta:
     model: str
     id: str = ""
     created: int = 0
+    tools: bool = False  # the request offered tools: answers are read for tool calls
 
     def __post_init__(self) -> None:
         prefix = "chatcmpl" if self.kind == "chat" else "cmpl"
@@ -46,8 +48,9 @@ def full_body(meta: ResponseMeta, results: list[Completion], prompt_tokens: int
     choices = []
     for i, r in enumerate(results):
         if meta.kind == "chat":
-            choices.append({"index": i, "message": {"role": "assistant", "content": r.text},
-                            "finish_reason": r.finish_reason, "logprobs": None})
+            message, finish = assistant_message(meta, r)
+            choices.append({"index": i, "message": message, "finish_reason": finish,
+                            "logprobs": None})
         else:
             choices.append({"index": i, "text": r.text, "finish_reason": r.finish_reason,
                             "logprobs": None})
@@ -55,9 +58,20 @@ def full_body(meta: ResponseMeta, results: list[Completion], prompt_tokens: int
     return {**meta.head(False), "choices": choices, "usage": usage(prompt_tokens, completion)}
 
 
+def assistant_message(meta: ResponseMeta, r: Completion) -> tuple[dict[str, Any], str]:
+    """(message, finish_reason) of one chat choice; tool calls are read back from the text
+    when the request offered tools (finish_reason "tool_calls")."""
+    if meta.tools:
+        content, calls = parse_tool_calls(r.text)
+        if calls:
+            return ({"role": "assistant", "content": content or None,
+                     "tool_calls": openai_tool_calls(calls)}, "tool_calls")
+    return {"role": "assistant", "content": r.text}, r.finish_reason
+
+
 def chunk_event(meta: ResponseMeta, index: int, *, text: str | None = None,
                 role: bool = False, finish_reason: str | None = None,
-                with_usage: bool = False) -> str:
+                with_usage: bool = False, tool_calls: list | None = None) -> str:
     """One `data: {...}` event carrying a piece of choice `index`."""
     if meta.kind == "chat":
         delta: dict[str, Any] = {}
@@ -65,6 +79,8 @@ def chunk_event(meta: ResponseMeta, index: int, *, text: str | None = None,
             delta["role"] = "assistant"
         if text is not None:
             delta["content"] = text
+        if tool_calls:
+            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(tool_calls)]
         choice = {"index": index, "delta": delta, "finish_reason": finish_reason,
                   "logprobs": None}
     else:

@@ -1,4 +1,5 @@
-"""One generation worker thread fed by a bounded request queue, with dynamic batching.
+"""One generation worker thread fed by a bounded request queue, with dynamic batching: the
+server's path for models the continuous batcher cannot serve (e.g. sliding-window attention).
 
 The model runs one generate() call at a time. Single streams that wait in the queue with
 the same sampling settings are taken together (up to max_batch) into one left-padded,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import queue
 import threading
@@ -69,6 +71,19 @@ class GenerationWorker:
     def open_stream(self, prompt: list[int], params: GenerationParams) -> AsyncIterator[Any]:
         """Queue one prompt's stream of Chunks; it may run batched with other streams."""
         return self._submit(lambda emit: _Job(emit, stream=(prompt, params)))
+
+    def open_many(self, jobs: list[tuple[list[int], GenerationParams]]
+                  ) -> AsyncIterator[tuple[int, Any]]:
+        """(job index, Chunk) of several jobs, streamed one after the other."""
+        engine = self.engine
+
+        def make() -> Iterator[tuple[int, Any]]:
+            for index, (prompt, params) in enumerate(jobs):
+                with contextlib.closing(engine.stream_ids(prompt, params)) as chunks:
+                    for chunk in chunks:
+                        yield index, chunk
+
+        return self.open(make)
 
     def _submit(self, build: Callable[[Callable], _Job]) -> AsyncIterator[Any]:
         loop = asyncio.get_running_loop()

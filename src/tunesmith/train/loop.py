@@ -109,6 +109,7 @@ class Trainer:
                       if cfg.auto_batch_size else None)
         self._batches: Any = None  # the loader's iterator, set by run()
         self.stop = GracefulStop()  # checked after each optimizer step
+        self.compile_guard: Any = None  # models.speed.CompileGuard: compile failure -> eager
 
     # ----- data position -------------------------------------------------------------
     def epoch_plan(self, epoch: int) -> list[list[int]]:
@@ -254,6 +255,7 @@ class Trainer:
         window_losses: list[float] = []
         # One process: batches come from the loader (workers, pinned memory, prefetch) in
         # plan order. Several ranks or auto_batch_size: this rank's shards are collated here.
+        self.throughput.start()
         self._batches = (batch_iterator(self.train, self.epoch_plan, s.epoch,
                                         s.batch_in_epoch, self.pad_id, self.loader, self.device)
                          if self.world == 1 and self.sizer is None else None)
@@ -331,6 +333,11 @@ class Trainer:
                 raise TrainingError(out_of_memory_message(
                     self.cfg, self.device, max(len(g) for g in groups),
                     max((len(self.train[i]) for i in indices), default=0))) from None
+            except Exception as exc:  # a compile failure: the same micro-batches, eagerly
+                if self.compile_guard is None or not self.compile_guard.recover(exc):
+                    raise
+                self.optimizer.zero_grad(set_to_none=True)
+                result = self.train_step(micro, live)
             if self.sizer is not None:
                 self.sizer.check_peak()
             return micro, live, result

@@ -17,6 +17,7 @@ from tunesmith.kernels.linear_ce import (
     linear_cross_entropy_reference,
 )
 from tunesmith.models.loader import split_causal_lm
+from tunesmith.train.vision_forward import language_uses, packed_vision_hidden
 
 
 class Objective(Protocol):
@@ -39,7 +40,7 @@ def trunk_inputs(batch: Batch, trunk: torch.nn.Module | None = None) -> dict:
     if cu is None:
         # no padding at all: no mask, so attention takes its plain causal path
         dense = batch.n_tokens == batch.input_ids.numel()
-        return {"attention_mask": None if dense else batch.attention_mask}
+        return with_vision({"attention_mask": None if dense else batch.attention_mask}, batch)
     inputs = {"position_ids": batch.position_ids, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
               "max_length_q": batch.max_seqlen, "max_length_k": batch.max_seqlen}
     impl = getattr(getattr(trunk, "config", None), "_attn_implementation", "sdpa")
@@ -47,6 +48,41 @@ def trunk_inputs(batch: Batch, trunk: torch.nn.Module | None = None) -> dict:
         dtype = next(trunk.parameters()).dtype if trunk is not None else torch.float32
         inputs["attention_mask"] = packed_attention_mask(
             batch.segment_ids, dtype if impl == "eager" else None)
+    return with_vision(inputs, batch)
+
+
+VISION_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
+
+
+def packed_varlen_vision(batch: Batch, trunk: torch.nn.Module) -> bool:
+    """A packed vision-language batch whose language model runs varlen attention."""
+    return (getattr(batch, "mrope_position_ids", None) is not None
+            and getattr(batch, "cu_seqlens", None) is not None
+            and language_uses(trunk, VARLEN_ATTENTION))
+
+
+def varlen_vision_inputs(batch: Batch) -> dict:
+    cu = batch.cu_seqlens
+    inputs = {"position_ids": torch.cat([batch.position_ids[None], batch.mrope_position_ids]),
+              "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": batch.max_seqlen,
+              "max_length_k": batch.max_seqlen}
+    inputs.update({k: getattr(batch, k) for k in VISION_KEYS if getattr(batch, k) is not None})
+    return inputs
+
+
+def with_vision(inputs: dict, batch: Batch) -> dict:
+    """Add a vision-language batch's pixels, grids and 3-D rotary positions. Packed rows
+    put their restarting text positions first ([4, B, T], transformers' convention for
+    packed mrope inputs). The varlen keys are dropped: the vision tower would receive them
+    too and they describe the text rows, not the patches."""
+    mrope = getattr(batch, "mrope_position_ids", None)
+    if mrope is None:
+        return inputs
+    text = inputs.get("position_ids")
+    inputs["position_ids"] = mrope if text is None else torch.cat([text[None], mrope])
+    for key in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"):
+        inputs.pop(key, None)
+    inputs.update({k: getattr(batch, k) for k in VISION_KEYS if getattr(batch, k) is not None})
     return inputs
 
 
@@ -59,8 +95,11 @@ class NextTokenObjective:
 
     def loss_sum(self, model: torch.nn.Module, batch: Batch) -> torch.Tensor:
         trunk, head = split_causal_lm(model)
-        out = trunk(input_ids=batch.input_ids, use_cache=False, **trunk_inputs(batch, trunk))
-        hidden = out.last_hidden_state  # [B, T, H]
+        if packed_varlen_vision(batch, trunk):
+            hidden = packed_vision_hidden(trunk, batch.input_ids, varlen_vision_inputs(batch))
+        else:
+            out = trunk(input_ids=batch.input_ids, use_cache=False, **trunk_inputs(batch, trunk))
+            hidden = out.last_hidden_state  # [B, T, H]
         rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.target_index)  # [K, H]
         if getattr(head, "bias", None) is not None:  # rare; the plain path handles the bias
             logits = head(rows).float()

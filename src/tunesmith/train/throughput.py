@@ -32,8 +32,15 @@ class Throughput:
         self.flops = 0.0
         self.data_wait = 0.0
         self._recent: deque[tuple[float, int, int]] = deque(maxlen=20)
+        self.steps: list[tuple[float, int, int, float]] = []  # (seconds, tokens, trained, flops)
+        self._last = time.perf_counter()
+        self.first_step_end: float | None = None  # perf_counter() when step 1 ended
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
+
+    def start(self) -> None:
+        """The loop starts now: the first step's duration counts from here."""
+        self._last = time.perf_counter()
 
     def add_data_wait(self, seconds: float) -> None:
         self.data_wait += seconds
@@ -43,9 +50,14 @@ class Throughput:
         trained = sum(b.n_targets for b in micro)
         self.tokens += tokens
         self.trained += trained
-        if self.flops_for is not None:
-            self.flops += self.flops_for(micro)
-        self._recent.append((time.perf_counter(), tokens, trained))
+        flops = self.flops_for(micro) if self.flops_for is not None else 0.0
+        self.flops += flops
+        now = time.perf_counter()
+        self.steps.append((now - self._last, tokens, trained, flops))
+        self._last = now
+        if self.first_step_end is None:
+            self.first_step_end = now
+        self._recent.append((now, tokens, trained))
 
     def recent(self) -> dict[str, float]:
         r = self._recent
@@ -79,6 +91,42 @@ class Throughput:
                else "process RSS",
                "data_wait_share": self.data_wait / elapsed if elapsed else 0.0,
                "elapsed_s": elapsed}
+        out.update(steady_state(self.steps, peak))
         if self.device.type == "cuda":
             out["peak_reserved_gb"] = torch.cuda.max_memory_reserved(self.device) / 1e9
         return out
+
+
+def warmup_steps(durations: list[float]) -> int:
+    """Leading steps that belong to warm-up: the first step (allocator, kernel selection,
+    compilation) and any step in the first half slower than twice the median of the second
+    half (recompilation for a new shape). At most all but one step."""
+    n = len(durations)
+    if n < 2:
+        return 0
+    tail = sorted(durations[n // 2:])
+    median = tail[len(tail) // 2]
+    warm = 1
+    for i in range(1, (n + 1) // 2):
+        if durations[i] > 2 * median:
+            warm = i + 1
+    return min(warm, n - 1)
+
+
+def steady_state(steps: list[tuple[float, int, int, float]], peak: float | None
+                 ) -> dict[str, Any]:
+    """Rates over the steps after warm-up (see `warmup_steps`)."""
+    if not steps:
+        return {}
+    durations = [s[0] for s in steps]
+    warm = warmup_steps(durations)
+    rest = steps[warm:]
+    seconds = sum(s[0] for s in rest) or 1e-9
+    flops = sum(s[3] for s in rest) / seconds
+    ordered = sorted(s[0] for s in rest)
+    return {"steady_tokens_per_s": sum(s[1] for s in rest) / seconds,
+            "steady_trained_tokens_per_s": sum(s[2] for s in rest) / seconds,
+            "steady_tflops": flops / 1e12, "steady_mfu": flops / peak if peak else None,
+            "steady_steps": len(rest), "warmup_steps": warm,
+            "warmup_s": sum(durations[:warm]), "median_step_s": ordered[len(ordered) // 2],
+            "first_step_s": durations[0]}

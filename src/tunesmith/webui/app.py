@@ -4,6 +4,7 @@
                  |
                  v  YAML in WORK/jobs/<id>/  ->  python -m tunesmith <command> <yaml>
                                                 (own session: survives the browser and the UI)
+    Language switch (English | 中文, the browser's language first) -> every label and help
     Train tab timer  <-  WORK/saves/<run>/metrics.jsonl + WORK/jobs/<id>/output.log
 """
 
@@ -40,6 +41,7 @@ def build_app(work_dir: str) -> Any:
 
     from tunesmith.webui.chat_tab import EngineSlot, build_chat_tab
     from tunesmith.webui.data_tab import build_data_tab
+    from tunesmith.webui.i18n import BROWSER_LANGUAGE_JS, DEFAULT_LANGUAGE, LANGUAGES, Translator
     from tunesmith.webui.jobs import JobRunner
     from tunesmith.webui.tool_tabs import build_eval_tab, build_export_tab
     from tunesmith.webui.train_tab import build_train_tab
@@ -47,24 +49,32 @@ def build_app(work_dir: str) -> Any:
 
     ws = Workspace.create(work_dir)
     runner = JobRunner(ws)
+    tr = Translator()
     with gr.Blocks(title="tunesmith", analytics_enabled=False) as app:
-        gr.Markdown(f"## tunesmith · working folder `{ws.root}`")
+        with gr.Row(equal_height=True):
+            gr.Markdown(f"## tunesmith · `{ws.root}`")
+            lang = gr.Radio(list(LANGUAGES), value=DEFAULT_LANGUAGE, label="Language / 语言",
+                            elem_id="lang", scale=0, min_width=180)
         with gr.Tabs():
-            with gr.Tab("Data", id="data", elem_id="tab-data"):
-                build_data_tab(ws)
-            with gr.Tab("Train", id="train", elem_id="tab-train"):
-                train = build_train_tab(ws, runner)
-            with gr.Tab("Evaluate", id="eval", elem_id="tab-eval"):
-                evaluate = build_eval_tab(ws, runner)
-            with gr.Tab("Chat", id="chat", elem_id="tab-chat"):
-                build_chat_tab(ws, EngineSlot())
-            with gr.Tab("Export", id="export", elem_id="tab-export"):
-                export = build_export_tab(ws, runner)
+            with tr(gr.Tab, label="@tab.data", id="data", elem_id="tab-data"):
+                build_data_tab(ws, tr)
+            with tr(gr.Tab, label="@tab.train", id="train", elem_id="tab-train"):
+                train = build_train_tab(ws, runner, tr, lang)
+            with tr(gr.Tab, label="@tab.eval", id="eval", elem_id="tab-eval"):
+                evaluate = build_eval_tab(ws, runner, tr)
+            with tr(gr.Tab, label="@tab.chat", id="chat", elem_id="tab-chat"):
+                build_chat_tab(ws, EngineSlot(), tr)
+            with tr(gr.Tab, label="@tab.export", id="export", elem_id="tab-export"):
+                export = build_export_tab(ws, runner, tr)
 
+        # The switch sends every translated component its text; on load the browser's
+        # language sets the switch.
+        lang.change(tr.updates, lang, tr.components(), show_progress="hidden")
         # Choices of dropdowns refresh when they get focus; on load only the jobs are
         # picked, so a reopened page shows the running (or latest) job of each kind.
-        app.load(lambda: (train["job_choices"](), evaluate["jobs"](), export["jobs"]()), None,
-                 [train["job_box"], evaluate["job_box"], export["job_box"]]).then(
+        app.load(None, None, lang, js=BROWSER_LANGUAGE_JS).then(
+            lambda: (train["job_choices"](), evaluate["jobs"](), export["jobs"]()), None,
+            [train["job_box"], evaluate["job_box"], export["job_box"]]).then(
             train["form_of_job"], train["job_box"], train["inputs"])
     return app
 

@@ -10,6 +10,7 @@ import gradio as gr
 
 from tunesmith.errors import TunesmithError
 from tunesmith.infer.engine import GenerationParams, HFEngine
+from tunesmith.webui.i18n import Translator
 from tunesmith.webui.runs import base_of, finished_runs, model_choices
 from tunesmith.webui.workspace import Workspace, check_paths
 
@@ -62,8 +63,10 @@ class ChatActions:
 
     def respond(self, text: str, history: list[dict], system: str, temperature: float,
                 top_p: float, top_k: float, max_new_tokens: float, repetition_penalty: float,
-                seed: float | None = None) -> Iterator[tuple[list[dict], str]]:
-        """Stream the answer into the chat history."""
+                seed: float | None = None, image: str | None = None
+                ) -> Iterator[tuple[list[dict], str]]:
+        """Stream the answer into the chat history. `image`: an uploaded file shown with
+        this message (vision-language models; a text model answers with the error)."""
         history = list(history or [])
         engine = self.slot.engine
         if not text.strip():
@@ -74,16 +77,20 @@ class ChatActions:
                         {"role": "assistant", "content": "(load a model first)"}]
             yield history, ""
             return
+        shown = {"images": [image]} if image else {}
         messages = ([{"role": "system", "content": system}] if system.strip() else []) + [
             {"role": m["role"], "content": _text(m["content"])} for m in history] + [
-            {"role": "user", "content": text}]
+            {"role": "user", "content": text, **shown}]
         params = GenerationParams(int(max_new_tokens), float(temperature), float(top_p),
                                   int(top_k), float(repetition_penalty),
                                   seed=None if seed is None or seed < 0 else int(seed))
         history += [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
-        for piece in engine.stream(messages, params):
-            history[-1]["content"] += piece
-            yield history, ""
+        try:
+            for piece in engine.stream(messages, params):
+                history[-1]["content"] += piece
+                yield history, ""
+        except TunesmithError as exc:  # e.g. an image given to a text-only model
+            history[-1]["content"] = f"(error: {exc})"
         yield history, ""
 
 
@@ -94,48 +101,46 @@ def _text(content: Any) -> str:
     return str(content)
 
 
-def build_chat_tab(ws: Workspace, slot: EngineSlot) -> dict[str, Any]:
+def build_chat_tab(ws: Workspace, slot: EngineSlot, tr: Translator) -> dict[str, Any]:
     actions = ChatActions(ws, slot)
     with gr.Row():
-        run_box = gr.Dropdown(finished_runs(ws), value=None, allow_custom_value=True,
-                              label="finished run or checkpoint",
-                              info="fills the base model and adapter", elem_id="chat-run")
+        run_box = tr(gr.Dropdown, finished_runs(ws), value=None, allow_custom_value=True,
+                     label="@chat.run", info="@chat.run_info", elem_id="chat-run")
         model_box = gr.Dropdown(model_choices(ws), value=None, allow_custom_value=True,
                                 label="model_name_or_path", elem_id="chat-model")
-        adapter_box = gr.Textbox(label="adapter_name_or_path",
-                                 info="adapter folder(s) inside the working folder",
-                                 elem_id="chat-adapter")
+        adapter_box = tr(gr.Textbox, label="adapter_name_or_path", info="@chat.adapter_info",
+                         elem_id="chat-adapter")
     with gr.Row():
-        template_box = gr.Textbox(label="template", info="empty: the adapter's or tokenizer's",
-                                  elem_id="chat-template")
-        trust_box = gr.Checkbox(False, label="trust_remote_code",
-                                info="run model code from the model folder (off unless you "
-                                     "trust it)")
-        load_btn = gr.Button("Load model", variant="primary", elem_id="chat-load")
+        template_box = tr(gr.Textbox, label="template", info="@chat.template_info",
+                          elem_id="chat-template")
+        trust_box = tr(gr.Checkbox, False, label="trust_remote_code", info="@chat.trust_info")
+        load_btn = tr(gr.Button, value="@chat.load", variant="primary", elem_id="chat-load")
     status = gr.Markdown(elem_id="chat-status")
     with gr.Row():
-        with gr.Column(scale=3):
-            chatbot = gr.Chatbot(label="chat", elem_id="chat-box", height=360)
-            prompt = gr.Textbox(label="message", placeholder="Type and press Enter",
-                                elem_id="chat-input")
+        with gr.Column(scale=3, min_width=280):
+            chatbot = tr(gr.Chatbot, label="@chat.chat", elem_id="chat-box", height=360)
+            prompt = tr(gr.Textbox, label="@chat.message", placeholder="@chat.placeholder",
+                        elem_id="chat-input")
+            image = tr(gr.Image, type="filepath", label="@chat.image", elem_id="chat-image",
+                       height=160)
             with gr.Row():
-                send = gr.Button("Send", variant="primary", elem_id="chat-send")
-                clear = gr.Button("Clear", elem_id="chat-clear")
-        with gr.Column(scale=1):
-            system = gr.Textbox(label="system prompt", lines=2)
-            temperature = gr.Slider(0, 2, value=0.7, step=0.05, label="temperature",
-                                    info="0: greedy", elem_id="chat-temperature")
+                send = tr(gr.Button, value="@chat.send", variant="primary", elem_id="chat-send")
+                clear = tr(gr.Button, value="@chat.clear", elem_id="chat-clear")
+        with gr.Column(scale=1, min_width=240):
+            system = tr(gr.Textbox, label="@chat.system", lines=2)
+            temperature = tr(gr.Slider, 0, 2, value=0.7, step=0.05, label="temperature",
+                             info="@chat.greedy_info", elem_id="chat-temperature")
             top_p = gr.Slider(0.05, 1, value=1.0, step=0.05, label="top_p")
-            top_k = gr.Slider(0, 200, value=0, step=1, label="top_k", info="0: off")
+            top_k = tr(gr.Slider, 0, 200, value=0, step=1, label="top_k", info="@common.zero_off")
             max_new = gr.Slider(1, 4096, value=256, step=1, label="max_new_tokens",
                                 elem_id="chat-max-new")
             rep = gr.Slider(1.0, 2.0, value=1.0, step=0.05, label="repetition_penalty")
-            seed = gr.Number(-1, precision=0, label="seed", info="-1: random",
-                             elem_id="chat-seed")
+            seed = tr(gr.Number, -1, precision=0, label="seed", info="@chat.seed_info",
+                      elem_id="chat-seed")
     run_box.focus(lambda: gr.update(choices=finished_runs(ws)), None, run_box)
     run_box.change(actions.pick_run, run_box, [model_box, adapter_box])
     load_btn.click(actions.load, [model_box, adapter_box, template_box, trust_box], status)
-    chat_in = [prompt, chatbot, system, temperature, top_p, top_k, max_new, rep, seed]
+    chat_in = [prompt, chatbot, system, temperature, top_p, top_k, max_new, rep, seed, image]
     send.click(actions.respond, chat_in, [chatbot, prompt])
     prompt.submit(actions.respond, chat_in, [chatbot, prompt])
     clear.click(lambda: ([], ""), None, [chatbot, prompt])

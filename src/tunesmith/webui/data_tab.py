@@ -11,6 +11,7 @@ from tunesmith.data.readers import FILE_SUFFIXES as DATA_FILE_SUFFIXES
 from tunesmith.data.template import builtin_template_names
 from tunesmith.errors import TunesmithError
 from tunesmith.webui.data_view import Highlighted, dataset_choices, inspect_dataset
+from tunesmith.webui.i18n import Translator
 from tunesmith.webui.runs import model_choices
 from tunesmith.webui.uploads import MAX_UPLOAD_BYTES, store_upload
 from tunesmith.webui.workspace import Workspace, check_paths
@@ -65,30 +66,31 @@ def _figures_table(figures: dict[str, Any]) -> str:
     return "| figure | value |\n|---|---|\n" + rows
 
 
-def build_data_tab(ws: Workspace) -> dict[str, Any]:
+def build_data_tab(ws: Workspace, tr: Translator) -> dict[str, Any]:
     actions = DataActions(ws)
     with gr.Row():
-        dataset = gr.Dropdown(dataset_choices(ws.data_dir), value=None, label="dataset",
-                              info=f"names of {ws.data_dir.name}/dataset_info.json, built-ins "
-                                   "and files in the data folder", allow_custom_value=True,
-                              elem_id="data-dataset")
-        upload = gr.File(label="upload a data file (stored in the data folder)",
-                         file_types=list(DATA_FILE_SUFFIXES), elem_id="data-upload")
+        dataset = tr(gr.Dropdown, dataset_choices(ws.data_dir), value=None,
+                     label="@data.dataset", info="@data.dataset_info",
+                     allow_custom_value=True, elem_id="data-dataset")
+        upload = tr(gr.File, label="@data.upload", file_types=list(DATA_FILE_SUFFIXES),
+                    elem_id="data-upload")
     with gr.Row():
-        model = gr.Dropdown(model_choices(ws), value=None, allow_custom_value=True,
-                            label="model (tokenizer and its template)", elem_id="data-model")
-        template = gr.Dropdown([""] + builtin_template_names(), value="", label="template",
-                               allow_custom_value=True, elem_id="data-template")
+        model = tr(gr.Dropdown, model_choices(ws), value=None, allow_custom_value=True,
+                   label="@data.model", elem_id="data-model")
+        template = tr(gr.Dropdown, [""] + builtin_template_names(), value="",
+                      label="@data.template", info="@data.template_info",
+                      allow_custom_value=True, filterable=True, elem_id="data-template")
         cutoff = gr.Number(2048, precision=0, minimum=8, label="cutoff_len")
-        n_samples = gr.Number(3, precision=0, minimum=1, maximum=20, label="samples shown")
-    preview_btn = gr.Button("Preview", variant="primary", elem_id="data-preview")
+        n_samples = tr(gr.Number, 3, precision=0, minimum=1, maximum=20,
+                       label="@data.samples_shown")
+    preview_btn = tr(gr.Button, value="@data.preview", variant="primary",
+                     elem_id="data-preview")
     message = gr.Markdown(elem_id="data-message")
     with gr.Row():
         figures = gr.Markdown(elem_id="data-figures")
-        bad_rows = gr.Textbox(label="bad rows (skipped in this preview)", lines=6)
-    samples = gr.HighlightedText(label="rendered samples (trained tokens highlighted)",
-                                 color_map={"trained": "green"}, show_legend=True,
-                                 elem_id="data-samples")
+        bad_rows = tr(gr.Textbox, label="@data.bad_rows", lines=6)
+    samples = tr(gr.HighlightedText, label="@data.samples", color_map={"trained": "green"},
+                 show_legend=True, elem_id="data-samples")
     dataset.focus(lambda: gr.update(choices=dataset_choices(ws.data_dir)), None, dataset)
     upload.upload(actions.upload, upload, [message, dataset])
     preview_btn.click(actions.preview, [dataset, model, template, cutoff, n_samples],

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import yaml
@@ -46,6 +46,7 @@ class Job:
     output_dir: str = ""  # where the job writes its results (run folder, export folder)
     returncode: int | None = None
     stop_requested: bool = False
+    env: dict[str, str] = field(default_factory=dict)  # set for the job (hardware section)
 
     @property
     def log_path(self) -> Path:
@@ -81,9 +82,11 @@ def command_line(command: str, yaml_path: Path | str) -> list[str]:
     return [sys.executable, "-m", "tunesmith", command, str(yaml_path)]
 
 
-def command_text(command: str, yaml_path: Path | str) -> str:
-    """The same command as a person would type it."""
-    return shlex.join(["python", "-m", "tunesmith", command, str(yaml_path)])
+def command_text(command: str, yaml_path: Path | str, env: dict[str, str] | None = None) -> str:
+    """The same command as a person would type it (with the variables the job sets)."""
+    prefix = [f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items())]
+    return " ".join(prefix + [shlex.join(["python", "-m", "tunesmith", command,
+                                          str(yaml_path)])])
 
 
 class JobRunner:
@@ -95,8 +98,10 @@ class JobRunner:
         self._procs: dict[str, subprocess.Popen] = {}  # children of this process
 
     # ----- launch -----------------------------------------------------------------------
-    def launch(self, command: str, config: dict, output_dir: str = "") -> Job:
-        """Write `config` as YAML into a new job folder and start the command on it."""
+    def launch(self, command: str, config: dict, output_dir: str = "",
+               env: dict[str, str] | None = None) -> Job:
+        """Write `config` as YAML into a new job folder and start the command on it, with
+        `env` added to this process's environment."""
         if command not in COMMANDS:
             raise TunesmithError(f"job: unknown command {command!r}; one of {COMMANDS}")
         job_id = time.strftime("%Y%m%d-%H%M%S") + f"-{command}-{secrets.token_hex(3)}"
@@ -105,13 +110,14 @@ class JobRunner:
         cfg_path = folder / f"{command}.yaml"
         cfg_path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         argv = command_line(command, cfg_path)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        extra = dict(env or {})
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **extra)
         with open(folder / "output.log", "wb") as log:
             proc = subprocess.Popen(argv, cwd=self.ws.root, stdout=log,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True, env=env)
         job = Job(job_id, command, str(folder), str(cfg_path), proc.pid,
-                  _process_start(proc.pid), time.time(), output_dir)
+                  _process_start(proc.pid), time.time(), output_dir, env=extra)
         self._save(job)
         self._procs[job_id] = proc
         threading.Thread(target=self._reap, args=(job, proc), daemon=True).start()

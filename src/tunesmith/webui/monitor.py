@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tunesmith.runs.folder import read_metrics
+from tunesmith.webui.i18n import text
 
 
 @dataclass
@@ -24,6 +25,7 @@ class RunView:
     loss: float | None = None
     lr: float | None = None
     tokens_per_s: float | None = None
+    mfu: float | None = None  # model FLOP utilisation (GPU runs that log it)
     peak_mem_gb: float | None = None
     elapsed_s: float | None = None
     eta_s: float | None = None
@@ -54,6 +56,7 @@ def _take_step(view: RunView, r: dict[str, Any]) -> None:
     view.loss = float(r["loss"])
     view.lr = r.get("lr")
     view.tokens_per_s = r.get("tokens_per_s")
+    view.mfu = r.get("mfu")
     view.peak_mem_gb = r.get("peak_mem_gb")
     view.elapsed_s = r.get("elapsed_s")
     view.eta_s = r.get("eta_s")
@@ -70,25 +73,29 @@ def format_duration(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def progress_text(view: RunView, status: str) -> str:
-    """One line: status, step k/N, percentage, elapsed, ETA."""
+def progress_text(view: RunView, status: str, lang: str = "en") -> str:
+    """One line: status, step k/N, percentage, elapsed, ETA. The status word and "step k/N"
+    stay in English in every language: the browser tests and scripts read them."""
     if not view.total_steps:
         if status == "running":
-            return "running: loading the model and data, waiting for the first logged step"
-        return f"{status} before the first logged step; see the log"
+            return f"running: {text('progress.loading', lang)}"
+        return f"{status}: {text('progress.before_first_step', lang)}"
     pct = 100.0 * view.step / view.total_steps
-    text = (f"{status}: step {view.step}/{view.total_steps} ({pct:.0f}%) · elapsed "
-            f"{format_duration(view.elapsed_s)} · ETA {format_duration(view.eta_s)}")
+    line = (f"{status}: step {view.step}/{view.total_steps} ({pct:.0f}%) · "
+            + text("progress.times", lang, elapsed=format_duration(view.elapsed_s),
+                   eta=format_duration(view.eta_s)))
     if view.stopped_at is not None and status != "running":
-        text += f" · stopped at step {view.stopped_at} with a checkpoint (Resume continues it)"
-    return text
+        line += " · " + text("progress.stopped_at", lang, step=view.stopped_at)
+    return line
 
 
-def figures_text(view: RunView) -> str:
-    """Loss, learning rate, throughput and memory as a Markdown table row."""
+def figures_text(view: RunView, lang: str = "en") -> str:
+    """Loss, learning rate, throughput, MFU and memory per GPU as a Markdown table row."""
     def num(value: Any, fmt: str) -> str:
         return format(value, fmt) if isinstance(value, int | float) else "–"
 
-    return ("| loss | eval loss | learning rate | tokens/s | peak memory |\n|---|---|---|---|---|\n"
+    head = text("figures.header", lang)
+    return (f"{head}\n|---|---|---|---|---|---|\n"
             f"| {num(view.loss, '.4f')} | {num(view.eval_loss, '.4f')} | {num(view.lr, '.3g')} "
-            f"| {num(view.tokens_per_s, '.0f')} | {num(view.peak_mem_gb, '.2f')} GB |")
+            f"| {num(view.tokens_per_s, '.0f')} | {num(view.mfu, '.1%')} "
+            f"| {num(view.peak_mem_gb, '.2f')} GB |")

@@ -15,6 +15,7 @@ import gradio as gr
 
 from tunesmith.errors import ConfigError, TunesmithError
 from tunesmith.webui.data_view import dataset_choices
+from tunesmith.webui.i18n import Translator
 from tunesmith.webui.jobs import RUNNING, JobRunner, command_text, tail_text
 from tunesmith.webui.runs import base_of, finished_runs, model_choices
 from tunesmith.webui.workspace import Workspace, check_paths
@@ -120,37 +121,41 @@ def _read_json(path: Path) -> Any:
         return "(unreadable)"
 
 
-def _job_panel(prefix: str) -> tuple[Any, Any, Any, Any]:
-    job_box = gr.Dropdown(label="job", choices=[], value=None, elem_id=f"{prefix}-job")
-    status = gr.Textbox(label="status", elem_id=f"{prefix}-status")
-    log_box = gr.Textbox(label="log", lines=8, max_lines=8, elem_id=f"{prefix}-log")
-    results = gr.Code(label="results", language="json", elem_id=f"{prefix}-results")
+def _job_panel(prefix: str, tr: Translator) -> tuple[Any, Any, Any, Any]:
+    job_box = tr(gr.Dropdown, label="@job.job", choices=[], value=None, elem_id=f"{prefix}-job")
+    status = tr(gr.Textbox, label="@job.status", elem_id=f"{prefix}-status")
+    log_box = tr(gr.Textbox, label="@job.log", lines=8, max_lines=8, elem_id=f"{prefix}-log")
+    results = tr(gr.Code, label="@job.results", language="json", elem_id=f"{prefix}-results")
     return job_box, status, log_box, results
 
 
-def build_eval_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
+def build_eval_tab(ws: Workspace, runner: JobRunner, tr: Translator) -> dict[str, Any]:
     actions = ToolActions(ws, runner, "eval")
     with gr.Row():
-        run = gr.Dropdown(finished_runs(ws), value=None, label="run or checkpoint",
-                          allow_custom_value=True, elem_id="eval-run")
-        mode = gr.Dropdown(list(EVAL_MODES), value="loss", label="eval_mode",
-                           info="loss/perplexity, predict (BLEU/ROUGE) or benchmark (MMLU "
-                                "layout)", elem_id="eval-mode")
-        out = gr.Textbox(label="output_dir", value="saves/eval", elem_id="eval-output")
+        run = tr(gr.Dropdown, finished_runs(ws), value=None, label="@tools.run",
+                 allow_custom_value=True, elem_id="eval-run")
+        mode = tr(gr.Dropdown, list(EVAL_MODES), value="loss", label="eval_mode",
+                  info="@eval.mode_info", elem_id="eval-mode")
+        out = tr(gr.Textbox, label="output_dir", info="@field:output_dir", value="saves/eval",
+                 elem_id="eval-output")
     with gr.Row():
         data = gr.Dropdown(dataset_choices(ws.data_dir), value=[], multiselect=True,
                            label="eval_dataset",
                            allow_custom_value=True, elem_id="eval-dataset")
-        cutoff = gr.Number(2048, precision=0, minimum=8, label="cutoff_len")
-        max_samples = gr.Number(0, precision=0, minimum=0, label="max_samples (0: all)")
-        max_new = gr.Number(128, precision=0, minimum=1, label="max_new_tokens (predict)")
+        cutoff = tr(gr.Number, 2048, precision=0, minimum=8, label="cutoff_len",
+                    info="@field:cutoff_len")
+        max_samples = tr(gr.Number, 0, precision=0, minimum=0, label="max_samples",
+                         info="@field:max_samples")
+        max_new = tr(gr.Number, 128, precision=0, minimum=1, label="max_new_tokens",
+                     info="@field:max_new_tokens")
     with gr.Row():
-        task = gr.Textbox(label="task (benchmark)", placeholder="mmlu_test")
-        task_dir = gr.Textbox(label="task_dir (benchmark)", value="data/evaluation")
-        n_shot = gr.Number(5, precision=0, minimum=0, label="n_shot")
-    start = gr.Button("Run evaluation", variant="primary", elem_id="eval-start")
+        task = tr(gr.Textbox, label="task", info="@eval.task_info", placeholder="mmlu_test")
+        task_dir = tr(gr.Textbox, label="task_dir", info="@field:task_dir",
+                      value="data/evaluation")
+        n_shot = tr(gr.Number, 5, precision=0, minimum=0, label="n_shot", info="@field:n_shot")
+    start = tr(gr.Button, value="@eval.start", variant="primary", elem_id="eval-start")
     message = gr.Markdown(elem_id="eval-message")
-    job_box, status, log_box, results = _job_panel("eval")
+    job_box, status, log_box, results = _job_panel("eval", tr)
 
     def start_eval(run_v, mode_v, out_v, data_v, cutoff_v, max_s, max_n, task_v, task_dir_v,
                    n_shot_v):
@@ -173,21 +178,23 @@ def build_eval_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
     return {"run": run, "job_box": job_box, "jobs": actions.jobs}
 
 
-def build_export_tab(ws: Workspace, runner: JobRunner) -> dict[str, Any]:
+def build_export_tab(ws: Workspace, runner: JobRunner, tr: Translator) -> dict[str, Any]:
     actions = ToolActions(ws, runner, "export")
     with gr.Row():
-        run = gr.Dropdown(finished_runs(ws), value=None, label="run or checkpoint",
-                          allow_custom_value=True, elem_id="export-run")
-        out = gr.Textbox(label="export_dir", value="exports/model", elem_id="export-dir")
+        run = tr(gr.Dropdown, finished_runs(ws), value=None, label="@tools.run",
+                 allow_custom_value=True, elem_id="export-run")
+        out = tr(gr.Textbox, label="export_dir", info="@field:export_dir", value="exports/model",
+                 elem_id="export-dir")
     with gr.Row():
-        fmt = gr.Radio(list(EXPORT_FORMATS), value="hf", label="export_format",
-                       elem_id="export-format")
-        gtype = gr.Dropdown(list(GGUF_TYPES), value="f16", label="gguf_type",
-                            elem_id="export-gguf-type")
-        size = gr.Number(5, precision=0, minimum=1, label="export_size (GB per shard)")
-    start = gr.Button("Export", variant="primary", elem_id="export-start")
+        fmt = tr(gr.Radio, list(EXPORT_FORMATS), value="hf", label="export_format",
+                 info="@field:export_format", elem_id="export-format")
+        gtype = tr(gr.Dropdown, list(GGUF_TYPES), value="f16", label="gguf_type",
+                   info="@field:gguf_type", elem_id="export-gguf-type")
+        size = tr(gr.Number, 5, precision=0, minimum=1, label="export_size",
+                  info="@field:export_size")
+    start = tr(gr.Button, value="@export.start", variant="primary", elem_id="export-start")
     message = gr.Markdown(elem_id="export-message")
-    job_box, status, log_box, results = _job_panel("export")
+    job_box, status, log_box, results = _job_panel("export", tr)
 
     def start_export(run_v, out_v, fmt_v, gtype_v, size_v):
         try:

@@ -1,0 +1,101 @@
+"""LLaMA-Factory's speed keys, with LLaMA-Factory's meaning.
+
+They are alternative spellings of tunesmith's own levers (`attn_implementation`,
+`gradient_checkpointing`, `torch_compile`); `speed_conflicts` refuses combinations that
+say two different things, and `models/speed.py` resolves them into one plan.
+
+    flash_attn: auto | disabled | sdpa | fa2 | fa3
+        disabled -> eager; sdpa -> sdpa; fa2/fa3 -> the fastest flash kernel available
+        (torch's varlen FlashAttention for packed batches, SDPA's flash backend otherwise;
+        no flash-attn package needed)
+    disable_gradient_checkpointing: true -> no recompute; false (LLaMA-Factory's default,
+        written out) -> recompute every decoder layer
+    use_unsloth_gc: recompute with the saved layer inputs parked in CPU memory (offload)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from tunesmith.config.fields import opt
+
+if TYPE_CHECKING:
+    from tunesmith.config.schema import Config
+
+FlashAttn = Literal["auto", "disabled", "sdpa", "fa2", "fa3"]
+TriState = Literal["", "true", "false"]
+
+FLASH_TO_ATTENTION = {"disabled": "eager", "sdpa": "sdpa", "fa2": "flash", "fa3": "flash"}
+
+
+@dataclass
+class SpeedConfig:
+    flash_attn: FlashAttn = opt(
+        "auto", "LLaMA-Factory's attention switch: auto (attn_implementation decides), "
+        "disabled (eager), sdpa, fa2 or fa3 (the fastest flash kernel available: varlen "
+        "FlashAttention for packed batches, SDPA's flash kernel otherwise).", advanced=True)
+    disable_gradient_checkpointing: TriState = opt(
+        "", "LLaMA-Factory key: true turns recompute off; false (LLaMA-Factory's default, "
+        "when written out) recomputes every decoder layer. Unset: gradient_checkpointing "
+        "decides (tunesmith's default is no recompute).", advanced=True)
+    use_unsloth_gc: bool = opt(
+        False, "LLaMA-Factory key: offloaded checkpointing (same as gradient_checkpointing: "
+        "offload).", advanced=True)
+    use_reentrant_gc: bool = opt(
+        False, "Reentrant activation checkpointing (LLaMA-Factory's default is true; tunesmith's "
+        "is false, which works with selective recompute and compilation; results are the "
+        "same).", advanced=True)
+    upcast_layernorm: bool = opt(
+        False, "Keep the norm weights in fp32 when the base model is loaded in bf16/fp16.",
+        advanced=True)
+    upcast_lmhead_output: bool = opt(
+        False, "Compute the output head's logits in fp32. tunesmith's fused loss always does, "
+        "so true and false train the same.", advanced=True)
+    tf32: bool = opt(
+        False, "Allow TF32 tensor cores for fp32 matrix products and convolutions (NVIDIA "
+        "Ampere or newer; no effect on CPU).", advanced=True)
+    torch_compile_backend: str = opt(
+        "inductor", "torch.compile backend for torch_compile (inductor; aot_eager and eager "
+        "for debugging).", advanced=True)
+
+
+def speed_conflicts(cfg: Config) -> list[tuple[str, str]]:
+    """(key, message) for speed keys that contradict each other."""
+    m, s, t = cfg.model, cfg.speed, cfg.training
+    out: list[tuple[str, str]] = []
+    wanted = FLASH_TO_ATTENTION.get(s.flash_attn)
+    if wanted and m.attn_implementation not in ("auto", wanted):
+        if not (wanted == "flash" and m.attn_implementation == "varlen"):
+            out.append(("flash_attn", f"flash_attn: {s.flash_attn} contradicts "
+                        f"attn_implementation: {m.attn_implementation}; keep one of them"))
+    gc = t.gradient_checkpointing
+    if s.disable_gradient_checkpointing == "true" and (gc != "false" or s.use_unsloth_gc):
+        other = "use_unsloth_gc: true" if s.use_unsloth_gc else f"gradient_checkpointing: {gc}"
+        out.append(("disable_gradient_checkpointing", "disable_gradient_checkpointing: true "
+                    f"contradicts {other}; remove one of them"))
+    if s.use_unsloth_gc and gc == "selective":
+        out.append(("use_unsloth_gc", "use_unsloth_gc: true (offloaded checkpointing) "
+                    "contradicts gradient_checkpointing: selective; keep one of them"))
+    if s.use_reentrant_gc and gc == "selective":
+        out.append(("use_reentrant_gc", "use_reentrant_gc: true cannot run selective "
+                    "recompute (it needs non-reentrant checkpointing); set it to false"))
+    return out
+
+
+def checkpointing_mode(cfg: Config) -> str:
+    """The recompute mode the keys ask for: false | true | selective | offload."""
+    s, gc = cfg.speed, cfg.training.gradient_checkpointing
+    if s.disable_gradient_checkpointing == "true":
+        return "false"
+    if s.use_unsloth_gc:
+        return "offload"
+    if s.disable_gradient_checkpointing == "false" and gc == "false":
+        return "true"
+    return gc
+
+
+def resolve_speed_aliases(cfg: Config) -> None:
+    """Write the recompute mode the LLaMA-Factory keys ask for into gradient_checkpointing,
+    so every later reader (the loop, hints, the summary, config.resolved.yaml) sees it."""
+    cfg.training.gradient_checkpointing = checkpointing_mode(cfg)
