@@ -28,7 +28,7 @@ from tunesmith.data.encode import IGNORE_INDEX, EncodeOptions, EncodeStats, enco
 from tunesmith.data.formats import CONVERTERS, FormatSpec, RowError, attach_media, convert_text
 from tunesmith.data.readers import Row
 from tunesmith.data.registry import detect_format
-from tunesmith.data.rowchecks import empty_answer, media_problem, text_problem
+from tunesmith.data.rowchecks import empty_answer, text_problem
 from tunesmith.data.store import SampleStore, StoreWriter
 from tunesmith.data.template import ChatRenderer
 from tunesmith.data.vision_tokens import load_media
@@ -138,10 +138,6 @@ def convert_row(row: Any, where: str, job: EncodeJob, bad: list[tuple[str, str]]
         bad.append((where, f"row is {type(row).__name__}, expected an object"))
         return None
     spec = job.spec
-    media = media_problem(row, where)
-    if media:
-        bad.append((where, media))
-        return None
     try:
         if job.opts.plain_text:
             conv = convert_text(row, spec)

@@ -1,4 +1,5 @@
-"""Checks on a row beyond its format: text that cannot be encoded, empty answers, media.
+"""Checks on a row beyond its format: text that cannot be encoded, empty answers.
+(Media rows are checked where they are loaded: data/pipeline.py and data/media.py.)
 
 Each returns the reason a row cannot be trained on, or None; the pipeline reports the
 reason with the row's file:line like every other bad row.
@@ -7,13 +8,10 @@ reason with the row's file:line like every other bad row.
 from __future__ import annotations
 
 import re
-from pathlib import Path
-from typing import Any
 
 from tunesmith.data.conversation import Conversation
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-MEDIA_COLUMNS = ("images", "videos", "audios")
 
 
 def text_problem(conv: Conversation) -> str | None:
@@ -32,22 +30,4 @@ def empty_answer(conv: Conversation) -> str | None:
     if (not conv.plain and last is not None and last.role == "assistant"
             and not last.content.strip() and not last.tool_calls):
         return "the answer is empty (it would teach only the end-of-turn token)"
-    return None
-
-
-def media_problem(row: dict[str, Any], where: str) -> str | None:
-    """tunesmith trains text-only models: media columns would be dropped with their
-    placeholders trained as text, so such rows are refused (naming missing files first)."""
-    for column in MEDIA_COLUMNS:
-        value = row.get(column)
-        if not value:
-            continue
-        items = value if isinstance(value, list) else [value]
-        base = Path(re.sub(r"(:\d+|\[[^\]]*\])$", "", where)).parent
-        missing = [str(v) for v in items if isinstance(v, str)
-                   and not (Path(v).is_file() or (base / v).is_file())]
-        if missing:
-            return f"{column}: file {missing[0]!r} not found (looked beside the dataset and in .)"
-        return (f"{column}: the row has {len(items)} media item(s), but training is text-only "
-                "here: the media would be dropped; remove the column or use a text dataset")
     return None
