@@ -37,7 +37,7 @@ def test_flags_alone_without_yaml():
 def test_all_problems_reported_at_once_with_location(tmp_path):
     cfg_file = tmp_path / "bad.yaml"
     cfg_file.write_text("model_name_or_path: m\nlearnig_rate: 1e-4\nlora_rank: -2\n"
-                        "shift_attn: true\nlr_scheduler_type: cosin\n")
+                        "train_from_scratch: true\nlr_scheduler_type: cosin\n")
     with pytest.raises(ConfigError) as err:
         load_config(cfg_file)
     text = str(err.value)
@@ -45,7 +45,7 @@ def test_all_problems_reported_at_once_with_location(tmp_path):
     assert "unknown key 'learnig_rate'" in text and "did you mean learning_rate" in text
     assert f"{cfg_file}:2" in text
     assert "lora_rank: -2 is out of range; it must be >= 1" in text and f"{cfg_file}:3" in text
-    assert "shift_attn: this LLaMA-Factory key is not supported by tunesmith yet" in text
+    assert "train_from_scratch: this LLaMA-Factory key is not supported by tunesmith yet" in text
     assert "did you mean cosine" in text
 
 

@@ -138,7 +138,7 @@ def _trainable(model) -> set[str]:
 def test_frozen_parts_follow_the_keys(tiny_vl_dir, flags, kind, expected):
     model = load_causal_lm(str(tiny_vl_dir))
     model = prepare_trainable(model, FinetuningConfig(finetuning_type=kind), [],
-                              VisionParts(*flags))
+                              vision=VisionParts(*flags))
     assert _trainable(model) == expected
 
 
