@@ -23,7 +23,7 @@ def test_packed_run_reports_packing_and_saves_the_trained_template(tmp_path, tin
     data = write_jsonl(tmp_path / "a.jsonl", alpaca_rows(24))
     out = tmp_path / "run"
     cfg = load_config(overrides={
-        "model_name_or_path": str(tiny_llama_dir), "dataset": str(data), "template": "llama3",
+        "model_name_or_path": str(tiny_llama_dir), "dataset": str(data), "template": "chatml",
         "output_dir": str(out), "max_steps": 2, "per_device_train_batch_size": 2,
         "neat_packing": True, "cutoff_len": 256, "logging_steps": 1, "save_steps": 0})
     summary = run_sft(cfg)
@@ -34,7 +34,7 @@ def test_packed_run_reports_packing_and_saves_the_trained_template(tmp_path, tin
         d["packed_rows"]
     saved = json.loads((out / "tokenizer_config.json").read_text())
     template = saved.get("chat_template") or (out / "chat_template.jinja").read_text()
-    assert template == load_template_source("llama3", tiny_tokenizer)[1]
+    assert template == load_template_source("chatml", tiny_tokenizer)[1]
 
 
 def test_token_budget_batches_train(tmp_path, tiny_llama_dir):

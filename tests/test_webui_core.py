@@ -74,10 +74,10 @@ def test_upload_lands_in_the_data_folder_and_inspect_counts_rows(ws, tiny_llama_
     actions = DataActions(ws)
     message, _ = actions.upload(str(alpaca_file))
     assert (ws.data_dir / alpaca_file.name).is_file() and "data/train.json" in message
-    bad = alpaca_file.with_name("notes.txt")
+    bad = alpaca_file.with_name("notes.docx")  # .txt is a data file (one sample per line)
     bad.write_text("x")
     assert "not a data file" in actions.upload(str(bad))[0]
-    assert not (ws.data_dir / "notes.txt").exists()
+    assert not (ws.data_dir / "notes.docx").exists()
     view = inspect_dataset(str(ws.data_dir / "train.json"),
                            DataConfig(dataset_dir=str(ws.data_dir), cutoff_len=36),
                            str(tiny_llama_dir), "", n_samples=2)

@@ -32,7 +32,8 @@ def cmd_data(args: list[str]) -> int:
 def inspect_target(ns: argparse.Namespace) -> str:
     from tunesmith.data.inspect import describe, highlight_sample
     from tunesmith.data.loading import DataContext, prepare_data
-    from tunesmith.data.template import ChatRenderer, load_template_source
+    from tunesmith.data.slot_renderer import make_renderer
+    from tunesmith.data.template import load_template_source
     from tunesmith.models.loader import load_tokenizer
     from tunesmith.models.processor import load_vision_settings
     from tunesmith.models.provision import resolve_model_path
@@ -50,9 +51,10 @@ def inspect_target(ns: argparse.Namespace) -> str:
     tokenizer = load_tokenizer(resolve_model_path(model, cfg.model.cache_dir or None))
     name, source = load_template_source(cfg.model.template, tokenizer)
     path = resolve_model_path(model, cfg.model.cache_dir or None)
-    ctx = DataContext(ChatRenderer(name, source, tokenizer), tokenizer, cfg.training.seed,
-                      cfg.finetuning.stage, cfg.training.overwrite_cache,
-                      load_vision_settings(path, tokenizer, cfg), model)
+    vision = load_vision_settings(path, tokenizer, cfg)
+    ctx = DataContext(make_renderer(name, source, tokenizer, cfg.template,
+                                    media=vision is not None), tokenizer, cfg.training.seed,
+                      cfg.finetuning.stage, cfg.training.overwrite_cache, vision, model)
     data = prepare_data(cfg.data, ctx)
     figures = describe(data, cfg.data.cutoff_len)
     if not len(data.train):

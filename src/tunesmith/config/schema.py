@@ -18,6 +18,7 @@ from tunesmith.config.method_keys import MethodConfig
 from tunesmith.config.optim_keys import OptimConfig
 from tunesmith.config.run_keys import RunConfig
 from tunesmith.config.speed import SpeedConfig
+from tunesmith.config.template_section import TemplateConfig
 from tunesmith.config.vocab_keys import VocabConfig
 
 FinetuningType = Literal["lora", "oft", "freeze", "full"]
@@ -43,8 +44,9 @@ class ModelConfig:
     adapter_name_or_path: list[str] = opt(
         [], "PEFT adapter folder(s) to load on top of the base model (comma-separated).")
     template: str = opt(
-        "", "Chat template: empty uses the tokenizer's own; or a built-in name "
-        "(chatml, qwen, llama3, mistral, gemma, phi, alpaca, default).")
+        "", "Chat template: empty uses the tokenizer's own; or a LLaMA-Factory template name "
+        "(qwen3, llama3, chatml, mistral, gemma, deepseek3, glm4, ...: all 124), encoded "
+        "token for token as LLaMA-Factory encodes it.")
     trust_remote_code: bool = opt(
         False, "Allow model code from the model folder or hub to run. Off unless you trust it.")
     cache_dir: str = opt("", "Where converted models and downloads are cached "
@@ -117,6 +119,14 @@ class DataConfig:
                                           minimum=1, advanced=True)
     dataloader_persistent_workers: bool = opt(
         True, "Keep DataLoader workers alive between epochs.", advanced=True)
+    # --- LLaMA-Factory data keys (issue 16) ---
+    preprocessing_batch_size: int = opt(
+        1000, "Rows per chunk handed to a tokenisation worker (memory holds a few chunks).",
+        minimum=1, advanced=True)
+    buffer_size: int = opt(
+        16384, "LLaMA-Factory's streaming shuffle buffer. tunesmith shuffles the whole "
+        "tokenised store every epoch, so any value is accepted and no buffer is needed.",
+        minimum=1, advanced=True)
 
 
 @dataclass
@@ -284,6 +294,7 @@ class Config:
     infer: InferConfig = field(default_factory=InferConfig)
     export_quant: ExportQuantConfig = field(default_factory=ExportQuantConfig)
     vocab: VocabConfig = field(default_factory=VocabConfig)
+    template: TemplateConfig = field(default_factory=TemplateConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -294,7 +305,8 @@ class Config:
 
 
 SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "speed",
-            "multimodal", "optim", "method", "run", "infer", "export_quant", "vocab")
+            "multimodal", "optim", "method", "run", "infer", "export_quant", "vocab",
+            "template")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from tunesmith.data.conversation import Conversation
+from tunesmith.data.slot_renderer import SlotRenderer
 from tunesmith.data.template import ChatRenderer, Span
 from tunesmith.data.tokens import trained_mask
 from tunesmith.errors import DataError
@@ -84,7 +85,8 @@ def trained_spans(rendered_spans: list[Span], text_len: int, opts: EncodeOptions
     return rendered_spans
 
 
-def encode_conversations(convs: list[Conversation], renderer: ChatRenderer | None,
+def encode_conversations(convs: list[Conversation],
+                         renderer: ChatRenderer | SlotRenderer | None,
                          tokenizer: Any, opts: EncodeOptions
                          ) -> tuple[list[EncodedSample], list[str], EncodeStats]:
     """Render, tokenise in one batch, build labels, apply the truncation policy.
@@ -93,6 +95,8 @@ def encode_conversations(convs: list[Conversation], renderer: ChatRenderer | Non
     if opts.plain_text:
         return _encode_plain(convs, tokenizer, opts)
     assert renderer is not None
+    if isinstance(renderer, SlotRenderer):
+        return _encode_slots(convs, renderer, opts)
     stats = EncodeStats()
     rendered, kept = [], []
     for c in convs:
@@ -116,6 +120,18 @@ def encode_conversations(convs: list[Conversation], renderer: ChatRenderer | Non
         elif sample is not None:
             sample.media = conv.extra.get("media") or None
             _keep(sample, conv.source, out, sources, stats)
+    return out, sources, stats
+
+
+def _encode_slots(convs: list[Conversation], renderer: SlotRenderer, opts: EncodeOptions
+                  ) -> tuple[list[EncodedSample], list[str], EncodeStats]:
+    """LLaMA-Factory templates: ids and labels per turn, exactly as LLaMA-Factory makes them
+    (its truncation rule for truncate_prompt: see slot_encode.infer_seqlen)."""
+    stats = EncodeStats()
+    out: list[EncodedSample] = []
+    sources: list[str] = []
+    for conv, ids, labels in renderer.encode(convs, opts, stats):
+        _keep(EncodedSample(ids, labels), conv.source, out, sources, stats)
     return out, sources, stats
 
 

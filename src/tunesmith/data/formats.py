@@ -94,6 +94,8 @@ def convert_sharegpt(row: dict[str, Any], spec: FormatSpec) -> Conversation:
         msgs.append(Message("system", system))
     msgs += [_sharegpt_message(turn, i, tags) for i, turn in enumerate(turns)]
     conv = Conversation(msgs, tools=_parse_tools(row.get(spec.col("tools"))))
+    if isinstance(row.get(spec.col("tools")), str):  # templates that paste the text as is
+        conv.extra["tools_raw"] = row[spec.col("tools")]
     if spec.ranking:
         chosen, rejected = (row.get(spec.col(k)) for k in ("chosen", "rejected"))
         conv.messages.append(_sharegpt_message(chosen, "chosen", tags))

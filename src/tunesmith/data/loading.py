@@ -35,6 +35,7 @@ from tunesmith.data.packing import PackedSamples
 from tunesmith.data.pipeline import EncodeJob, convert_row, run_pipeline, worker_count
 from tunesmith.data.readers import Row, read_hub_rows, read_rows
 from tunesmith.data.registry import DatasetEntry, resolve_dataset
+from tunesmith.data.slot_renderer import SlotRenderer
 from tunesmith.data.store import IndexedSamples, SampleStore
 from tunesmith.data.template import ChatRenderer
 from tunesmith.errors import DataError
@@ -97,7 +98,7 @@ class PreparedData:
 class DataContext:
     """What, besides the data keys, decides the tokens."""
 
-    renderer: ChatRenderer | None
+    renderer: ChatRenderer | SlotRenderer | None
     tokenizer: Any
     seed: int = 42
     stage: str = "sft"
@@ -111,20 +112,30 @@ def encode_options(cfg: DataConfig, stage: str) -> EncodeOptions:
                          plain_text=stage == "pt")
 
 
+def check_stage(entry: DatasetEntry, stage: str) -> None:
+    """Preference pairs and KTO examples belong to their own stages."""
+    if entry.ranking and stage in ("sft", "pt"):
+        raise DataError(f"dataset {entry.name!r} holds preference pairs (ranking: true); stage "
+                        f"{stage} needs plain examples: use a preference stage or another "
+                        "dataset")
+    if "kto_tag" in entry.spec.columns and stage in ("sft", "pt"):
+        raise DataError(f"dataset {entry.name!r} holds KTO examples (columns.kto_tag: desirable "
+                        f"or not); stage kto trains on them, stage {stage} needs plain "
+                        "examples: set stage: kto or use another dataset")
+
+
 def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
                        report: DataReport) -> SampleStore:
     """Tokenised samples of one dataset, from the cache or freshly encoded into it."""
-    if entry.ranking and ctx.stage in ("sft", "pt"):
-        raise DataError(f"dataset {entry.name!r} holds preference pairs (ranking: true); stage "
-                        f"{ctx.stage} needs plain examples: use a preference stage or another "
-                        "dataset")
+    check_stage(entry, ctx.stage)
     opts = encode_options(cfg, ctx.stage)
     if ctx.vision is not None:
         v = ctx.vision.token_ids
         opts = replace(opts, vision_ids=(v["image"], v["video"], v["start"], v["end"]),
                        media_ids=(v["image"], v["video"]))
     renderer = ctx.renderer
-    source = "" if opts.plain_text or renderer is None else renderer.source
+    source = ("" if opts.plain_text or renderer is None
+              else getattr(renderer, "cache_key", renderer.source))
     settings = {"spec": entry.spec.__dict__, "opts": opts.__dict__, "split": entry.split,
                 "max_samples": cfg.max_samples, "vars": cfg.dataset_vars,
                 "hub": [entry.hub_id, entry.subset],
@@ -140,13 +151,15 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
     if renderer is None and not opts.plain_text:
         raise DataError("a chat template is needed to encode conversations")
     job = EncodeJob(entry.spec, opts, getattr(renderer, "name", ""), source, ctx.tokenizer,
-                    dict(cfg.dataset_vars), ctx.vision, ctx.model_name)
+                    dict(cfg.dataset_vars), ctx.vision, ctx.model_name,
+                    renderer=renderer if hasattr(renderer, "cache_key") else None)
     start = time.perf_counter()
     with disk_guard(folder, "the tokenised-dataset cache", "the cache entry is left "
                     "incomplete and is never read; it is rebuilt on the next run"):
         result = run_pipeline(_entry_rows(entry, cfg), job, folder / "samples",
                               workers=worker_count(cfg.preprocessing_num_workers),
-                              total_rows=_count_hint(entry, cfg), desc=f"tokenise {entry.name}")
+                              total_rows=_count_hint(entry, cfg), desc=f"tokenise {entry.name}",
+                              chunk_rows=cfg.preprocessing_batch_size)
         write_report_atomically(folder / REPORT_FILE, json.dumps(
             {"rows": result.rows, "bad_rows": result.bad_rows,
              "stats": result.stats.to_dict()}))

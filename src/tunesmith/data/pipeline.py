@@ -24,12 +24,12 @@ from tqdm.auto import tqdm
 
 from tunesmith.config.environment import single_thread_tokenizers
 from tunesmith.data.conversation import Conversation, Message, check_conversation
-from tunesmith.data.encode import IGNORE_INDEX, EncodeOptions, EncodeStats, encode_conversations
+from tunesmith.data.encode import EncodeOptions, EncodeStats, encode_conversations
 from tunesmith.data.formats import CONVERTERS, FormatSpec, RowError, attach_media, convert_text
 from tunesmith.data.readers import Row
 from tunesmith.data.registry import detect_format
 from tunesmith.data.rowchecks import empty_answer, text_problem
-from tunesmith.data.store import SampleStore, StoreWriter
+from tunesmith.data.store import SampleStore, StoreWriter, other_label, trained_codes
 from tunesmith.data.template import ChatRenderer
 from tunesmith.data.vision_tokens import load_media
 from tunesmith.errors import DataError
@@ -50,6 +50,7 @@ class EncodeJob:
     dataset_vars: dict[str, Any] = field(default_factory=dict)
     vision: Any = None  # media.VisionSettings for a vision-language model, None: text only
     model_name: str = ""  # for messages
+    renderer: Any = None  # a ready renderer (slot templates); else built from the source
 
 
 @dataclass
@@ -62,6 +63,7 @@ class ChunkResult:
     stats: EncodeStats
     rows: int
     media: list[Any] = field(default_factory=list)  # per sample: MediaItems or None
+    label_eos: int | None = None  # efficient-EOS templates: the label of trained code 2
 
 
 @dataclass
@@ -81,9 +83,9 @@ def _init_worker(job: EncodeJob, in_pool: bool = False) -> None:
     if in_pool:
         single_thread_tokenizers()
     _WORKER_STATE["job"] = job
-    _WORKER_STATE["renderer"] = (None if job.opts.plain_text else
-                                 ChatRenderer(job.template_name, job.template_source,
-                                              job.tokenizer))
+    _WORKER_STATE["renderer"] = (None if job.opts.plain_text else job.renderer
+                                 or ChatRenderer(job.template_name, job.template_source,
+                                                 job.tokenizer))
 
 
 def _encode_chunk_in_worker(rows: list[Row]) -> ChunkResult:
@@ -110,13 +112,15 @@ def encode_chunk(rows: list[Row], job: EncodeJob, renderer: ChatRenderer | None)
     bad += stats.bad
     stats.bad = []
     lengths = np.array([len(s) for s in samples], dtype=np.int64)
+    label_eos = None
     if samples:
         ids = np.concatenate([s.input_ids for s in samples])
-        trained = np.concatenate([s.labels != IGNORE_INDEX for s in samples]).astype(np.uint8)
+        labels = np.concatenate([s.labels for s in samples])
+        trained, label_eos = trained_codes(ids, labels), other_label(ids, labels)
     else:
         ids, trained = np.zeros(0, np.int32), np.zeros(0, np.uint8)
     return ChunkResult(ids, trained, lengths, sources, bad, stats, len(rows),
-                       [s.media for s in samples])
+                       [s.media for s in samples], label_eos)
 
 
 def text_model_media_reason(conv: Conversation, model_name: str) -> str:
@@ -188,7 +192,8 @@ def worker_count(requested: int) -> int:
 
 
 def run_pipeline(rows: Iterable[Row], job: EncodeJob, out: Path, *, workers: int,
-                 total_rows: int | None = None, desc: str = "tokenise") -> PipelineResult:
+                 total_rows: int | None = None, desc: str = "tokenise",
+                 chunk_rows: int = CHUNK_ROWS) -> PipelineResult:
     """Encode every row into a store at `out` (written atomically)."""
     writer = StoreWriter(out, job.vision)
     result = PipelineResult(SampleStore.from_samples([]), 0, [], EncodeStats())
@@ -200,13 +205,14 @@ def run_pipeline(rows: Iterable[Row], job: EncodeJob, out: Path, *, workers: int
         if parallel:
             ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
             pool = ctx.Pool(workers, initializer=_init_worker, initargs=(job, True))
-            results = pool.imap(_encode_chunk_in_worker, _chunks(rows, CHUNK_ROWS))
+            results = pool.imap(_encode_chunk_in_worker, _chunks(rows, chunk_rows))
         else:
             _init_worker(job)
-            results = map(_encode_chunk_in_worker, _chunks(rows, CHUNK_ROWS))
+            results = map(_encode_chunk_in_worker, _chunks(rows, chunk_rows))
         for chunk in results:
             writer.append_arrays(chunk.ids, chunk.trained, chunk.lengths, chunk.sources,
                                  chunk.media)
+            writer.label_eos = writer.label_eos if chunk.label_eos is None else chunk.label_eos
             result.rows += chunk.rows
             result.bad_rows += chunk.bad_rows
             result.stats.merge(chunk.stats)

@@ -17,7 +17,7 @@ from tunesmith.data.formats import RowError
 from tunesmith.errors import DataError
 
 Row = tuple[dict[str, Any] | RowError, str]  # (row or why it is unreadable, "file:line")
-FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
+FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet", ".txt", ".arrow")
 BOM = b"\xef\xbb\xbf"
 
 
@@ -43,9 +43,14 @@ def read_rows(path: Path, split: str = "train") -> Iterator[Row]:
         yield from _read_csv(path)
     elif suffix == ".parquet":
         yield from _read_parquet(path)
+    elif suffix == ".txt":
+        yield from _read_text(path)
+    elif suffix == ".arrow":
+        yield from _read_arrow(path)
     else:
         raise DataError(f"dataset file {str(path)!r}: unsupported extension {suffix!r}; use "
-                        ".json, .jsonl, .csv, .parquet or a folder saved with save_to_disk")
+                        ".json, .jsonl, .csv, .parquet, .txt, .arrow or a folder saved with "
+                        "save_to_disk")
 
 
 def _read_jsonl(path: Path) -> Iterator[Row]:
@@ -147,6 +152,38 @@ def _read_parquet(path: Path) -> Iterator[Row]:
         raise DataError(f"reading {path} needs pyarrow: pip install 'tunesmith[data]'") from None
     i = 0
     for batch in pq.ParquetFile(path).iter_batches(batch_size=4096):
+        for row in batch.to_pylist():
+            yield row, f"{path}[row {i}]"
+            i += 1
+
+
+def _read_text(path: Path) -> Iterator[Row]:
+    """One sample per line, in column `text` (LLaMA-Factory's .txt datasets, stage pt); a
+    blank line is a row too (reported as empty text, as every bad row is)."""
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            yield {"text": line.rstrip("\r\n")}, f"{path}:{lineno}"
+
+
+def _read_arrow(path: Path) -> Iterator[Row]:
+    """An Arrow IPC file or stream (what `datasets` writes into its cache), batch by batch."""
+    try:
+        import pyarrow as pa
+    except ImportError:
+        raise DataError(f"reading {path} needs pyarrow: pip install 'tunesmith[data]'") from None
+    try:
+        reader: Any = pa.ipc.open_stream(pa.memory_map(str(path)))
+    except pa.ArrowInvalid:
+        try:
+            reader = pa.ipc.open_file(pa.memory_map(str(path)))
+        except pa.ArrowInvalid as exc:
+            raise DataError(f"{path}: not an Arrow IPC file or stream ({exc})") from None
+    if isinstance(reader, pa.ipc.RecordBatchFileReader):
+        batches: Any = (reader.get_batch(i) for i in range(reader.num_record_batches))
+    else:
+        batches = reader
+    i = 0
+    for batch in batches:
         for row in batch.to_pylist():
             yield row, f"{path}[row {i}]"
             i += 1

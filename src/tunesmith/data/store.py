@@ -1,7 +1,11 @@
 """Tokenised samples on disk: flat arrays plus offsets, memory-mapped on reload.
 
     <folder>/input_ids.bin   int32 [N_tokens]   every sample's ids, back to back
-    <folder>/trained.bin     uint8 [N_tokens]   1 where the token is a loss target
+    <folder>/trained.bin     uint8 [N_tokens]   1 where the token is a loss target, 2 where
+                                                the target is label_eos instead of the token
+    <folder>/label_eos.json  int                (only with 2s) the EOS id of efficient-EOS
+                                                templates, which the prompt after an answer
+                                                carries as the answer's last label
     <folder>/offsets.npy     int64 [N + 1]      sample i is [offsets[i], offsets[i+1])
     <folder>/sources.json    list[str]          "file:line" of every sample (for reports)
 
@@ -24,16 +28,29 @@ import numpy as np
 from tunesmith.data.encode import IGNORE_INDEX, EncodedSample
 from tunesmith.data.media_store import MediaTable, MediaWriter
 
-IDS_FILE, TRAINED_FILE, OFFSETS_FILE, SOURCES_FILE = (
-    "input_ids.bin", "trained.bin", "offsets.npy", "sources.json")
+IDS_FILE, TRAINED_FILE, OFFSETS_FILE, SOURCES_FILE, LABEL_EOS_FILE = (
+    "input_ids.bin", "trained.bin", "offsets.npy", "sources.json", "label_eos.json")
+
+
+def trained_codes(ids: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """labels -> uint8 codes: 0 ignored, 1 trained on the token, 2 trained on label_eos."""
+    return np.where(labels == IGNORE_INDEX, 0, np.where(labels == ids, 1, 2)).astype(np.uint8)
+
+
+def other_label(ids: np.ndarray, labels: np.ndarray) -> int | None:
+    """The one label that differs from its token (efficient EOS), or None."""
+    odd = labels[(labels != IGNORE_INDEX) & (labels != ids)]
+    return int(odd[0]) if len(odd) else None
 
 
 class SampleStore(Sequence[EncodedSample]):
     """A read-only sequence of encoded samples backed by (memory-mapped) flat arrays."""
 
     def __init__(self, ids: np.ndarray, trained: np.ndarray, offsets: np.ndarray,
-                 sources: list[str] | None = None, media: MediaTable | None = None):
+                 sources: list[str] | None = None, media: MediaTable | None = None,
+                 label_eos: int | None = None):
         self.ids, self.trained, self.offsets = ids, trained, offsets
+        self.label_eos = label_eos
         self._sources = sources
         self.media = media  # vision-language stores: the samples' images and videos
         self.lengths = np.diff(offsets)  # [N] int64
@@ -44,12 +61,16 @@ class SampleStore(Sequence[EncodedSample]):
         lengths = np.array([len(s) for s in samples], dtype=np.int64)
         offsets = np.zeros(len(samples) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
+        label_eos = None
         if samples:
             ids = np.concatenate([s.input_ids for s in samples]).astype(np.int32)
-            trained = np.concatenate([s.labels != IGNORE_INDEX for s in samples]).astype(np.uint8)
+            labels = np.concatenate([s.labels for s in samples])
+            trained = trained_codes(ids, labels)
+            label_eos = other_label(ids, labels)
         else:
             ids, trained = np.zeros(0, np.int32), np.zeros(0, np.uint8)
-        return cls(ids, trained, offsets, sources, MediaTable.from_samples(samples))
+        return cls(ids, trained, offsets, sources, MediaTable.from_samples(samples),
+                   label_eos)
 
     @classmethod
     def open(cls, folder: Path) -> SampleStore:
@@ -57,9 +78,11 @@ class SampleStore(Sequence[EncodedSample]):
         n_tokens = int(offsets[-1])
         ids = _map(folder / IDS_FILE, np.int32, n_tokens)
         trained = _map(folder / TRAINED_FILE, np.uint8, n_tokens)
+        eos_file = folder / LABEL_EOS_FILE
+        label_eos = json.loads(eos_file.read_text()) if eos_file.is_file() else None
         return cls(ids, trained, offsets, None if not (folder / SOURCES_FILE).exists()
                    else _LazySources(folder / SOURCES_FILE),  # type: ignore[arg-type]
-                   MediaTable.open(folder))
+                   MediaTable.open(folder), label_eos)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -69,7 +92,10 @@ class SampleStore(Sequence[EncodedSample]):
             return [self[j] for j in range(*i.indices(len(self)))]
         lo, hi = int(self.offsets[i]), int(self.offsets[i + 1])
         ids = np.asarray(self.ids[lo:hi], dtype=np.int32)
-        labels = np.where(self.trained[lo:hi] != 0, ids, IGNORE_INDEX).astype(np.int32)
+        codes = self.trained[lo:hi]
+        labels = np.where(codes != 0, ids, IGNORE_INDEX).astype(np.int32)
+        if self.label_eos is not None:
+            labels[codes == 2] = self.label_eos
         if self.media is None:
             return EncodedSample(ids, labels)
         return EncodedSample(ids, labels, self.media.items(int(i)), self.media.vision)
@@ -80,6 +106,7 @@ class SampleStore(Sequence[EncodedSample]):
     def save(self, folder: Path) -> None:
         writer = StoreWriter(folder, self.media.vision if self.media else None)
         media = [self.media.items(i) for i in range(len(self))] if self.media else None
+        writer.label_eos = self.label_eos
         writer.append_arrays(np.asarray(self.ids), np.asarray(self.trained), self.lengths,
                              [self.source(i) for i in range(len(self))], media)
         writer.close()
@@ -116,6 +143,7 @@ class StoreWriter:
         self._lengths: list[np.ndarray] = []
         self._sources: list[str] = []
         self._media = MediaWriter(self.tmp, vision) if vision is not None else None
+        self.label_eos: int | None = None  # set when trained holds 2s
 
     def append_arrays(self, ids: np.ndarray, trained: np.ndarray, lengths: np.ndarray,
                       sources: list[str], media: list[Any] | None = None) -> None:
@@ -140,6 +168,8 @@ class StoreWriter:
         np.cumsum(lengths, out=offsets[1:])
         np.save(self.tmp / OFFSETS_FILE, offsets)
         (self.tmp / SOURCES_FILE).write_text(json.dumps(self._sources), encoding="utf-8")
+        if self.label_eos is not None:
+            (self.tmp / LABEL_EOS_FILE).write_text(json.dumps(self.label_eos))
         if self.folder.exists():
             shutil.rmtree(self.folder)
         self.folder.parent.mkdir(parents=True, exist_ok=True)

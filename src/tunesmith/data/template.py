@@ -7,7 +7,9 @@ prefix-stable (each prefix renders as a prefix of the whole), otherwise the temp
 cannot be trained on and we say so.
 
 Templates are Jinja sources: the tokenizer's own by default, or a built-in data file
-(resources/templates/<name>.jinja) chosen with `template:`.
+(resources/templates/<name>.jinja) chosen with `template:`. LLaMA-Factory's template names
+are encoded by slot templates instead (data/slot_renderer.py, `make_renderer`); this module
+gives them a Jinja text only for saving with the model and for inference.
 """
 
 from __future__ import annotations
@@ -28,10 +30,18 @@ from tunesmith.errors import ConfigError, DataError
 Span = tuple[int, int]
 
 
-def builtin_template_names() -> list[str]:
+def jinja_template_names() -> list[str]:
     folder = resources.files("tunesmith") / "resources" / "templates"
     return sorted(p.name.removesuffix(".jinja") for p in folder.iterdir()
                   if p.name.endswith(".jinja"))
+
+
+def builtin_template_names() -> list[str]:
+    """Every name `template:` accepts: LLaMA-Factory's template names (slot templates,
+    data/slot_template.py) and the Jinja files of resources/templates/."""
+    from tunesmith.data.slot_template import slot_template_names
+
+    return sorted(set(jinja_template_names()) | set(slot_template_names()))
 
 
 def load_template_source(name: str, tokenizer: Any) -> tuple[str, str]:
@@ -45,6 +55,11 @@ def load_template_source(name: str, tokenizer: Any) -> tuple[str, str]:
                               f"template to one of {', '.join(builtin_template_names())}")
         return "tokenizer", source
     names = builtin_template_names()
+    if name not in jinja_template_names() and name in names:
+        # a LLaMA-Factory name without a Jinja file: the Jinja text its slots render
+        from tunesmith.data.slot_template import jinja_source, load_slot_template
+
+        return name, jinja_source(load_slot_template(name), tokenizer)
     if name not in names:
         import difflib
 

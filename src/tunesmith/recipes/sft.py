@@ -24,7 +24,8 @@ from tunesmith.config.loader import dump_config
 from tunesmith.config.schema import Config
 from tunesmith.data.loader import LoaderOptions
 from tunesmith.data.loading import DataContext, apply_packing, prepare_data
-from tunesmith.data.template import ChatRenderer, load_template_source
+from tunesmith.data.slot_renderer import check_added_tokens, make_renderer
+from tunesmith.data.template import load_template_source
 from tunesmith.distributed.context import DistContext, barrier, broadcast_object, init_distributed
 from tunesmith.distributed.handoff import prepare_on_main
 from tunesmith.distributed.strategy import build_strategy, fsdp_settings
@@ -153,8 +154,9 @@ def _run_sft(cfg: Config) -> dict[str, Any]:
                                opts=load_options(cfg))
     described = extend_vocab(tokenizer, cfg)  # add_tokens etc., before tokenising the data
     template_name, template_source = load_template_source(m.template, tokenizer)
-    renderer = ChatRenderer(template_name, template_source, tokenizer)
     vision = load_vision_settings(model_path, tokenizer, cfg)  # None: a text-only model
+    renderer = make_renderer(template_name, template_source, tokenizer, cfg.template,
+                             media=vision is not None)
     data = prepare_on_main(
         lambda: prepare_data(cfg.data, DataContext(renderer, tokenizer, t.seed, f.stage,
                                                    t.overwrite_cache, vision,
@@ -166,6 +168,7 @@ def _run_sft(cfg: Config) -> dict[str, Any]:
 
     model, plan = build_model(cfg, model_path, device,  # same seed on every rank: same init
                               vocab=(tokenizer, described))
+    check_added_tokens(renderer, model.get_input_embeddings().num_embeddings)
 
     flop_model = build_flop_model(model, full=f.finetuning_type == "full")
     save_artifacts = partial(_save_model, model=model, tokenizer=tokenizer,
