@@ -53,6 +53,11 @@ def test_attention_resolution(keys, device, expected):
     ({"deepspeed": "ds.json"}, CUDA, "llama", False),
     ({"torch_compile": True}, CPU, "some_new_arch", True),
     ({"torch_compile": False}, CUDA, "llama", False),
+    # selective recompute keeps tensors inductor mutates: eager on a GPU, compiled on CPU
+    ({"gradient_checkpointing": "selective"}, CUDA, "qwen2", False),
+    ({"gradient_checkpointing": "selective", "torch_compile": True}, CUDA, "qwen2", False),
+    ({"gradient_checkpointing": "selective", "torch_compile": True}, CPU, "qwen2", True),
+    ({"gradient_checkpointing": "true"}, CUDA, "qwen2", True),
 ])
 def test_compile_resolution(keys, device, model_type, expected):
     cfg = _cfg(**keys)
@@ -173,7 +178,7 @@ def test_compile_failure_falls_back_to_eager_with_one_warning(tmp_path, tiny_lla
 
     if "tunesmith_test_broken" not in list_backends(exclude_tags=()):
         register_backend(name="tunesmith_test_broken")(broken_backend)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     torch._dynamo.reset()
     with caplog.at_level(logging.WARNING, logger="tunesmith"):
         summary = _train(tmp_path, tiny_llama_dir, alpaca_file, torch_compile=True,
@@ -218,7 +223,7 @@ def test_suggestions_never_repeat_a_setting(checkpointing, packing, compile_mode
 
 def test_compile_cache_round_trip(tmp_path, monkeypatch):
     saved = {}
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"graphs", None))
     monkeypatch.setattr(torch.compiler, "load_cache_artifacts",
                         lambda data: saved.setdefault("loaded", data))

@@ -39,7 +39,7 @@ def _fresh_dynamo(monkeypatch):
     """Each run starts with dynamo's caches empty, as a new `tunesmith train` process does."""
     import torch
 
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # restored after the test
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)  # restored after
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()

@@ -48,4 +48,5 @@ def test_cli_trains_the_tiny_vlm_on_the_gpu(tiny_vl_dir, tmp_path, monkeypatch):
     (tmp_path / "t.yaml").write_text(yaml.safe_dump(cfg))
     assert main(["train", "t.yaml"]) == 0
     summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
-    assert summary["device"].startswith("cuda") and summary["steps"] == 3
+    assert "H200" in summary["device"] or "NVIDIA" in summary["device"], summary["device"]
+    assert summary["steps"] == 3

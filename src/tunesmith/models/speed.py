@@ -100,11 +100,25 @@ def resolve_attention(cfg: Config, device: torch.device) -> tuple[str, str]:
 def plan_compile(plan: SpeedPlan, cfg: Config, device: torch.device, model_type: str) -> None:
     """Fill in the compile decision once the architecture is known."""
     mode = str(cfg.model.torch_compile).lower()
+    selective_gpu = device.type == "cuda" and cfg.training.gradient_checkpointing == "selective"
+    if mode == "true" and selective_gpu:
+        # inductor's in-place kernels mutate tensors that selective recompute keeps: the
+        # backward fails ("Tensor cached during selective activation checkpoint has been
+        # mutated"; torch 2.11 on an H200), so these layers run eager
+        plan.compile, plan.compile_reason = False, (
+            "torch_compile: true, but selective recompute runs eager on a GPU (inductor "
+            "mutates the tensors it keeps); use gradient_checkpointing: true to compile")
+        log.warning("%s", plan.compile_reason)
+        return
     if mode in ("true", "false"):
         plan.compile, plan.compile_reason = mode == "true", f"torch_compile: {mode}"
         return
     if device.type != "cuda":
         plan.compile, plan.compile_reason = False, "auto: CPU runs stay eager"
+    elif selective_gpu:
+        plan.compile, plan.compile_reason = False, (
+            "auto: selective recompute runs eager on a GPU (inductor mutates the tensors it "
+            "keeps)")
     elif cfg.training.deepspeed:
         plan.compile, plan.compile_reason = False, "auto: DeepSpeed runs stay eager"
     elif model_type not in COMPILE_CLEAN_MODEL_TYPES:
