@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 FinetuningType = Literal["lora", "freeze", "full"]
-Stage = Literal["sft", "pt"]
+Stage = Literal["sft", "pt", "dpo", "kto", "rm", "ppo"]
 Scheduler = Literal["linear", "cosine", "constant", "constant_with_warmup"]
 ReportTo = Literal["none", "tensorboard", "wandb"]
 TruncationPolicy = Literal["truncate_prompt", "drop", "error"]
@@ -119,7 +119,9 @@ class DataConfig:
 
 @dataclass
 class FinetuningConfig:
-    stage: Stage = opt("sft", "Training stage: sft (supervised fine-tuning) or pt (plain text).")
+    stage: Stage = opt("sft", "Training stage: sft (supervised fine-tuning), pt (plain text), "
+                              "dpo (preference pairs), kto (labelled answers), rm (reward "
+                              "model); ppo is not available yet.")
     finetuning_type: FinetuningType = opt("lora", "lora, freeze (train the last layers) or full.")
     lora_rank: int = opt(8, "LoRA rank r.", minimum=1)
     lora_alpha: float = opt(0, "LoRA alpha (0: twice the rank).", minimum=0)
@@ -262,6 +264,10 @@ class EvalConfig:
                                     minimum=0, exclusive_min=True)
 
 
+# Sections in their own modules import `opt` from here, so they come after it.
+from tunesmith.config.preference import PreferenceConfig  # noqa: E402
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -270,6 +276,7 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     export: ExportConfig = field(default_factory=ExportConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -279,7 +286,7 @@ class Config:
         return flat
 
 
-SECTIONS = ("model", "data", "finetuning", "training", "export", "eval")
+SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "preference")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

@@ -29,6 +29,7 @@ class EncodeOptions:
     train_on_prompt: bool = False
     mask_history: bool = False
     plain_text: bool = False  # stage pt: no template, every token trained
+    preference: bool = False  # stages dpo/kto/rm: items of two slots (data/preference.py)
 
 
 @dataclass

@@ -32,6 +32,7 @@ from tunesmith.data.encode import EncodedSample, EncodeOptions, EncodeStats
 from tunesmith.data.mixing import mix_plan, resample, validation_split
 from tunesmith.data.packing import PackedSamples
 from tunesmith.data.pipeline import EncodeJob, convert_row, run_pipeline, worker_count
+from tunesmith.data.preference import PREFERENCE_STAGES, PreferenceView, check_stage_data
 from tunesmith.data.readers import Row, read_hub_rows, read_rows
 from tunesmith.data.registry import DatasetEntry, resolve_dataset
 from tunesmith.data.store import IndexedSamples, SampleStore
@@ -103,16 +104,15 @@ class DataContext:
 
 def encode_options(cfg: DataConfig, stage: str) -> EncodeOptions:
     return EncodeOptions(cfg.cutoff_len, cfg.truncation, cfg.train_on_prompt, cfg.mask_history,
-                         plain_text=stage == "pt")
+                         plain_text=stage == "pt", preference=stage in PREFERENCE_STAGES)
 
 
 def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
                        report: DataReport) -> SampleStore:
     """Tokenised samples of one dataset, from the cache or freshly encoded into it."""
-    if entry.ranking and ctx.stage in ("sft", "pt"):
-        raise DataError(f"dataset {entry.name!r} holds preference pairs (ranking: true); stage "
-                        f"{ctx.stage} needs plain examples: use a preference stage or another "
-                        "dataset")
+    problem = check_stage_data(entry.name, entry.spec, ctx.stage)
+    if problem:
+        raise DataError(problem)
     opts = encode_options(cfg, ctx.stage)
     renderer = ctx.renderer
     source = "" if opts.plain_text or renderer is None else renderer.source
@@ -189,6 +189,8 @@ def _load_group(names: list[str], cfg: DataConfig, ctx: DataContext, report: Dat
                 mix: bool) -> IndexedSamples:
     entries = [resolve_dataset(n, cfg.dataset_dir) for n in names]
     stores = [load_dataset_store(e, cfg, ctx, report) for e in entries]
+    if ctx.stage in PREFERENCE_STAGES:  # items of two consecutive samples each
+        stores = [PreferenceView(s, kto=ctx.stage == "kto") for s in stores]  # type: ignore[misc]
     picks = [resample(len(s), e.num_samples, ctx.seed + d) if e.num_samples
              else np.arange(len(s)) for d, (e, s) in enumerate(zip(entries, stores, strict=True))]
     strategy = cfg.mix_strategy if mix else "concat"
@@ -201,6 +203,9 @@ def _load_group(names: list[str], cfg: DataConfig, ctx: DataContext, report: Dat
 
 def prepare_data(cfg: DataConfig, ctx: DataContext) -> PreparedData:
     """Read, convert, check, encode (or load from cache), mix and split every dataset."""
+    if cfg.tokenized_path and ctx.stage in PREFERENCE_STAGES:
+        raise DataError(f"tokenized_path: not supported yet with stage {ctx.stage} (preference "
+                        "items); remove it (the tokenised cache is reused anyway)")
     if cfg.tokenized_path and (Path(cfg.tokenized_path) / "manifest.json").is_file() \
             and not ctx.overwrite_cache:
         return load_tokenized(Path(cfg.tokenized_path))

@@ -26,6 +26,7 @@ from tunesmith.config.environment import single_thread_tokenizers
 from tunesmith.data.conversation import Conversation, Message, check_conversation
 from tunesmith.data.encode import IGNORE_INDEX, EncodeOptions, EncodeStats, encode_conversations
 from tunesmith.data.formats import CONVERTERS, FormatSpec, RowError, convert_text
+from tunesmith.data.preference import KTO_TAG, encode_preference, read_kto_tag
 from tunesmith.data.readers import Row
 from tunesmith.data.registry import detect_format
 from tunesmith.data.store import SampleStore, StoreWriter
@@ -93,7 +94,8 @@ def encode_chunk(rows: list[Row], job: EncodeJob, renderer: ChatRenderer | None)
         conv = convert_row(row, where, job, bad)
         if conv is not None:
             convs.append(conv)
-    samples, sources, stats = encode_conversations(convs, renderer, job.tokenizer, job.opts)
+    encode = encode_preference if job.opts.preference else encode_conversations
+    samples, sources, stats = encode(convs, renderer, job.tokenizer, job.opts)
     bad += stats.bad
     stats.bad = []
     lengths = np.array([len(s) for s in samples], dtype=np.int64)
@@ -123,6 +125,8 @@ def convert_row(row: Any, where: str, job: EncodeJob, bad: list[tuple[str, str]]
             conv = CONVERTERS[fmt](row, FormatSpec(fmt))
         else:
             conv = CONVERTERS[spec.formatting](row, spec)
+        if KTO_TAG in spec.columns:
+            conv.extra[KTO_TAG] = read_kto_tag(row, spec)
     except (RowError, DataError) as exc:
         bad.append((where, str(exc)))
         return None

@@ -35,6 +35,7 @@ from tunesmith.models.acceleration import (
 from tunesmith.models.flops import batch_flops, build_flop_model
 from tunesmith.models.loader import load_causal_lm, load_tokenizer
 from tunesmith.models.provision import resolve_model_path
+from tunesmith.recipes.stage import StageBuilder, StageParts
 from tunesmith.runs.folder import LOSS_PLOT_FILE, METRICS_FILE, OUTPUT_ARTIFACTS, list_checkpoints
 from tunesmith.train.loop import Trainer
 from tunesmith.train.metrics import MetricsLog, plot_loss
@@ -80,7 +81,16 @@ def check_output_dir_once(cfg: Config, ctx: DistContext) -> Path:
     return Path(cfg.training.output_dir)
 
 
-def run_sft(cfg: Config) -> dict[str, Any]:
+def sft_stage(cfg: Config, model: torch.nn.Module, device: torch.device,
+              pad_id: int) -> StageParts:
+    """Stages sft and pt: next-token cross-entropy."""
+    from tunesmith.train.objective import NextTokenObjective
+
+    return StageParts(NextTokenObjective(cfg.training.loss_impl, cfg.training.loss_chunk_size))
+
+
+def run_sft(cfg: Config, build_stage: StageBuilder = sft_stage) -> dict[str, Any]:
+    """Train any stage: `build_stage` gives its objective (sft_stage, preference_stage)."""
     m, f, t = cfg.model, cfg.finetuning, cfg.training
     if not m.model_name_or_path:
         raise ConfigError("model_name_or_path: not set; e.g. smollm2-135m-instruct")
@@ -96,22 +106,24 @@ def run_sft(cfg: Config) -> dict[str, Any]:
         lambda: prepare_data(cfg.data, DataContext(renderer, tokenizer, t.seed, f.stage,
                                                    t.overwrite_cache)),
         out / ".cache", "prepared-data", ctx, t.ddp_timeout)
-    train_items = apply_packing(data, cfg.data)
     if ctx.is_main:
         dump_config(cfg, out / "config.resolved.yaml")
 
     model = build_model(cfg, model_path, device)  # same seed on every rank: same LoRA init
-    from tunesmith.train.objective import NextTokenObjective
-
+    stage = build_stage(cfg, model, device, tokenizer.pad_token_id)
+    if stage.prepare is not None:
+        stage.prepare(data)
+    train_items = apply_packing(data, cfg.data)
     flop_model = build_flop_model(model, full=f.finetuning_type == "full")
     save_artifacts = partial(_save_model, model=model, tokenizer=tokenizer,
-                             template_source=template_source, cfg=cfg)
+                             template_source=template_source, cfg=cfg,
+                             save_extra=stage.save_extra)
     metrics = MetricsLog(out / METRICS_FILE, t.report_to, out) if ctx.is_main else None
     lora = f.finetuning_type == "lora"
     d = cfg.data
     loader = LoaderOptions(d.batch_tokens, d.dataloader_num_workers, d.dataloader_pin_memory,
                            d.dataloader_prefetch_factor, d.dataloader_persistent_workers)
-    trainer = Trainer(model, NextTokenObjective(t.loss_impl, t.loss_chunk_size), train_items,
+    trainer = Trainer(model, stage.objective, train_items,
                       data.val, t, pad_id=tokenizer.pad_token_id, device=device,
                       output_dir=out, metrics=metrics,
                       checkpoint_extra=save_artifacts if lora else None,
@@ -178,7 +190,8 @@ def _base_dtype(cfg: Config, device: torch.device) -> torch.dtype:
 
 
 def _save_model(folder: Path, *, model: torch.nn.Module, tokenizer: Any, template_source: str,
-                cfg: Config, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+                cfg: Config, state_dict: dict[str, torch.Tensor] | None = None,
+                save_extra: Any = None) -> None:
     """The adapter (PEFT format) or full model (safetensors), and the tokenizer carrying the
     chat template the model was trained with. `state_dict`: tensors gathered from a sharded
     model (FSDP2, ZeRO-3); None saves the live model's own."""
@@ -195,3 +208,5 @@ def _save_model(folder: Path, *, model: torch.nn.Module, tokenizer: Any, templat
             "finetuning_type": cfg.finetuning.finetuning_type,
             "dataset": cfg.data.dataset}
     (folder / "tunesmith.json").write_text(json.dumps(info, indent=2))
+    if save_extra is not None:  # e.g. a reward model's value head
+        save_extra(folder)

@@ -23,7 +23,8 @@ SUMMARY_FILE = "run_summary.json"
 RESOLVED_CONFIG_FILE = "config.resolved.yaml"
 LOSS_PLOT_FILE = "loss.png"
 STATE_FILE = "trainer_state.json"  # written last into a checkpoint: its presence = complete
-OUTPUT_ARTIFACTS = (METRICS_FILE, LOSS_PLOT_FILE, SUMMARY_FILE, RESOLVED_CONFIG_FILE)
+VALUE_HEAD_FILE = "value_head.safetensors"  # reward models (stage rm)
+OUTPUT_ARTIFACTS = (METRICS_FILE, LOSS_PLOT_FILE, SUMMARY_FILE, RESOLVED_CONFIG_FILE, VALUE_HEAD_FILE)
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 
