@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from datahelp import prepare, write_jsonl
 from tiny import build_model
-
 from tunesmith.data.batching import collate
 from tunesmith.data.packing import PackedSamples
 from tunesmith.errors import DataError
