@@ -32,7 +32,12 @@ from tunesmith.data.encode import EncodedSample, EncodeOptions, EncodeStats
 from tunesmith.data.mixing import mix_plan, resample, validation_split
 from tunesmith.data.packing import PackedSamples
 from tunesmith.data.pipeline import EncodeJob, convert_row, run_pipeline, worker_count
-from tunesmith.data.preference import PREFERENCE_STAGES, PreferenceView, check_stage_data
+from tunesmith.data.preference import (
+    PREFERENCE_STAGES,
+    PreferenceItem,
+    PreferenceView,
+    check_stage_data,
+)
 from tunesmith.data.readers import Row, read_hub_rows, read_rows
 from tunesmith.data.registry import DatasetEntry, resolve_dataset
 from tunesmith.data.store import IndexedSamples, SampleStore
@@ -237,10 +242,12 @@ def apply_packing(data: PreparedData, cfg: DataConfig) -> Sequence[Any]:
     lengths = getattr(data.train, "lengths", None)
     if lengths is None:
         lengths = np.array([len(s) for s in data.train], dtype=np.int64)
-    packed = PackedSamples(data.train, lengths, cfg.cutoff_len)
+    # a preference item holds two completions of up to cutoff_len tokens each
+    per_item = 2 if len(data.train) and isinstance(data.train[0], PreferenceItem) else 1
+    packed = PackedSamples(data.train, lengths, per_item * cfg.cutoff_len)
     data.report.packing = packed.stats()
     log.info("packing: %d samples into %d rows of %d tokens (efficiency %.1f%%)",
-             len(data.train), len(packed), cfg.cutoff_len, 100 * packed.efficiency())
+             len(data.train), len(packed), packed.capacity, 100 * packed.efficiency())
     return packed
 
 
