@@ -3,6 +3,8 @@ LLaMA-Factory's DPO on the same model and the same pairs.
 
     python bench/dpo.py --out $OUT                         # tunesmith only, own assets
     python bench/dpo.py --out $OUT --peers .carry/peers    # + LLaMA-Factory (peers recipe)
+    python bench/dpo.py --out $OUT --peers .carry/peers --skip-lf --configs padded
+                                                           # later calls: same assets, no LF
     python bench/dpo.py --tiny --out /tmp/dpo              # CPU: tiny shapes, a few steps
 
 Workload: a Qwen2.5-7B-shaped model with random weights, LoRA r16 on every projection,
@@ -183,6 +185,8 @@ def main() -> int:
     ap.add_argument("--work", default=str(ROOT / ".bench" / "dpo"))
     ap.add_argument("--tiny", action="store_true", help="CPU: tiny shapes, a few steps")
     ap.add_argument("--peers", default="", help="folder of the peers recipe (LLaMA-Factory)")
+    ap.add_argument("--skip-lf", action="store_true",
+                    help="with --peers: reuse the assets of an earlier peers run, skip LF")
     ap.add_argument("--configs", default=",".join(CONFIGS), help="tunesmith configs to run")
     ap.add_argument("--steps", type=int, default=0, help="steps per run (default 25; tiny 4)")
     ap.add_argument("--timeout", type=int, default=900)
@@ -193,7 +197,9 @@ def main() -> int:
     steps = a.steps or (4 if a.tiny else 25)
     rows: list[dict] = []
     if a.peers and not a.tiny:
-        rows += run_peers(Path(a.peers).resolve(), work / "peers", out / "peers", a.timeout)
+        if not a.skip_lf:
+            rows += run_peers(Path(a.peers).resolve(), work / "peers", out / "peers",
+                              a.timeout)
         model_dir, data_dir = work / "peers" / "model_7b", work / "peers" / "data"
         dataset, template = "peers_pairs", "qwen"
     else:

@@ -22,7 +22,7 @@ from tunesmith.webui.workspace import Workspace, check_paths
 
 MULTISELECT_KEYS = ("dataset", "eval_dataset")  # lists shown as a multi-select of datasets
 SECTION_TITLES = {"model": "Model", "data": "Data", "finetuning": "Method",
-                  "training": "Training"}
+                  "training": "Training", "preference": "Preference (dpo, kto, rm)"}
 
 
 def _widget(spec: FieldSpec, ws: Workspace) -> gr.components.Component:
