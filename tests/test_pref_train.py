@@ -48,12 +48,17 @@ def _train(env, name: str, **keys) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def dpo_run(env) -> Path:
+    return _train(env, "dpo")
+
+
 def _records(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_dpo_learns_the_preference_and_logs_rewards(env):
-    out = _train(env, "dpo")
+def test_dpo_learns_the_preference_and_logs_rewards(dpo_run):
+    out = dpo_run
     recs = _records(out)
     train = [r for r in recs if "loss" in r]
     assert train[0]["loss"] == pytest.approx(0.6931, abs=1e-3)  # LoRA B = 0: policy = ref
@@ -65,8 +70,8 @@ def test_dpo_learns_the_preference_and_logs_rewards(env):
     assert (out / "adapter_model.safetensors").is_file()
 
 
-def test_packed_and_precomputed_reference_equal_the_plain_run(env):
-    plain = [r["loss"] for r in _records(env["root"] / "dpo") if "loss" in r]
+def test_packed_and_precomputed_reference_equal_the_plain_run(env, dpo_run):
+    plain = [r["loss"] for r in _records(dpo_run) if "loss" in r]
     pre = _train(env, "dpo-pre", precompute_ref_log_probs=True, eval_steps=0)
     packed = _train(env, "dpo-packed", packing=True, max_steps=1, eval_steps=0)
     assert [r["loss"] for r in _records(pre) if "loss" in r] == pytest.approx(plain, abs=1e-5)
