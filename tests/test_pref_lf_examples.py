@@ -1,7 +1,8 @@
 """LLaMA-Factory's DPO, KTO and reward-model example YAMLs run unchanged on its demo data,
 but for the model (SmolLM2-135M-Instruct instead of Qwen3-4B), its chat template (the
 tokenizer's own ChatML: tunesmith has no qwen3_nothink template yet), the data folder and
-output folder (paths of this test) and a step limit (the examples train 3 epochs)."""
+output folder (paths of this test) and a step limit (one optimizer step of the examples'
+8 accumulated pairs; the examples train 3 epochs)."""
 
 from __future__ import annotations
 
@@ -26,11 +27,10 @@ def test_llamafactory_preference_examples_run(example, metric, tmp_path, monkeyp
     out = tmp_path / "out"
     code = main(["train", str(data / f"{example}.yaml"),
                  "model_name_or_path=smollm2-135m-instruct", "template=",
-                 f"dataset_dir={data}", f"output_dir={out}", "max_steps=2",
-                 "logging_steps=1"])
+                 f"dataset_dir={data}", f"output_dir={out}", "max_steps=1"])
     assert code == 0
     records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert len(records) == 2 and all(metric in r for r in records)
+    assert len(records) == 1 and metric in records[0]
     assert (out / "adapter_model.safetensors").is_file()
     if example == "qwen3_lora_reward":
         assert (out / "value_head.safetensors").is_file()
