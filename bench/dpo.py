@@ -214,8 +214,22 @@ def main() -> int:
             keys = {k: v for k, v in keys.items() if k not in GPU_ONLY}
         rows.append(run_tunesmith(name, keys, work, a.timeout))
         print(json.dumps(rows[-1]), flush=True)
-    write_report(out, " ".join(["python", "bench/dpo.py", *sys.argv[1:]]), rows)
+    write_report(out, " ".join(["python", "bench/dpo.py", *sys.argv[1:]]),
+                 remember(work / "results.jsonl", rows))
     return 0 if all("error" not in r for r in rows) else 1
+
+
+def remember(path: Path, rows: list[dict]) -> list[dict]:
+    """Results of this and earlier calls with the same --work (a device call has a time
+    limit, so the configs may be measured over several calls); the latest per system."""
+    with open(path, "a", encoding="utf-8") as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+    latest: dict[str, dict] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        r = json.loads(line)
+        latest[str(r.get("system") or r.get("peer"))] = r
+    return list(latest.values())
 
 
 if __name__ == "__main__":
