@@ -15,10 +15,10 @@ from pathlib import Path
 def run_all(spec_file: str) -> None:
     from tunesmith.config import load_config
     from tunesmith.distributed.context import shutdown_process_group
-    from tunesmith.recipes.sft import run_sft
+    from tunesmith.recipes.stages import run_stage  # every stage: sft, pt, dpo, kto, rm
 
     for overrides in json.loads(Path(spec_file).read_text()):
-        run_sft(load_config(overrides=overrides))
+        run_stage(load_config(overrides=overrides))
     shutdown_process_group()
 
 

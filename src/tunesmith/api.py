@@ -48,12 +48,13 @@ def _setup(cfg: Config) -> None:
 
 
 def train(config: ConfigSource = None, **overrides: Any) -> dict[str, Any]:
-    """`tunesmith train` in this process; returns the run summary (run_summary.json)."""
+    """`tunesmith train` in this process (any stage: sft, pt, dpo, kto, rm); returns the run
+    summary (run_summary.json)."""
     cfg = load(config, **overrides)
     _setup(cfg)
-    from tunesmith.recipes.sft import run_sft
+    from tunesmith.recipes.stages import run_stage
 
-    return run_sft(cfg)
+    return run_stage(cfg)
 
 
 def export(config: ConfigSource = None, **overrides: Any) -> Path:

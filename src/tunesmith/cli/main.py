@@ -72,18 +72,18 @@ def cmd_train(args: list[str]) -> int:
         return relaunch(env, nproc, ["train", *args])
     rank = distributed_env()["rank"]
     setup_process(cfg.training.seed, rank=rank)
-    from tunesmith.recipes.sft import run_sft
+    from tunesmith.recipes.stages import run_stage
 
     if distributed_env()["world_size"] > 1:
         from tunesmith.distributed.context import shutdown_process_group
 
         try:  # torchrun's report then names this rank and its error
-            run_recorded(lambda: run_sft(cfg))
+            run_recorded(lambda: run_stage(cfg))
         except TunesmithError as exc:
             raise TunesmithError(f"rank {rank}: {exc}") from None
         shutdown_process_group()  # a clean exit: no collective threads left at teardown
     else:
-        run_sft(cfg)
+        run_stage(cfg)
     return 0
 
 

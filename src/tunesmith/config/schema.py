@@ -22,7 +22,7 @@ from tunesmith.config.template_section import TemplateConfig
 from tunesmith.config.vocab_keys import VocabConfig
 
 FinetuningType = Literal["lora", "oft", "freeze", "full"]
-Stage = Literal["sft", "pt"]
+Stage = Literal["sft", "pt", "dpo", "kto", "rm", "ppo"]
 Scheduler = Literal["linear", "cosine", "constant", "constant_with_warmup"]
 ReportTo = Literal["none", "tensorboard", "wandb"]
 TruncationPolicy = Literal["truncate_prompt", "drop", "error"]
@@ -131,7 +131,9 @@ class DataConfig:
 
 @dataclass
 class FinetuningConfig:
-    stage: Stage = opt("sft", "Training stage: sft (supervised fine-tuning) or pt (plain text).")
+    stage: Stage = opt("sft", "Training stage: sft (supervised fine-tuning), pt (plain text), "
+                              "dpo (preference pairs), kto (labelled answers), rm (reward "
+                              "model); ppo is not available yet.")
     finetuning_type: FinetuningType = opt("lora", "lora, freeze (train the last layers) or full.")
     lora_rank: int = opt(8, "LoRA rank r.", minimum=1)
     lora_alpha: float = opt(0, "LoRA alpha (0: twice the rank).", minimum=0)
@@ -274,8 +276,9 @@ class EvalConfig:
                                     minimum=0, exclusive_min=True)
 
 
-# A section in its own module; imported here, after `opt`, which that module uses.
+# Sections in their own modules that import `opt` from here come after it.
 from tunesmith.config.multimodal import MultimodalConfig  # noqa: E402
+from tunesmith.config.preference import PreferenceConfig  # noqa: E402
 
 
 @dataclass
@@ -295,6 +298,7 @@ class Config:
     export_quant: ExportQuantConfig = field(default_factory=ExportQuantConfig)
     vocab: VocabConfig = field(default_factory=VocabConfig)
     template: TemplateConfig = field(default_factory=TemplateConfig)
+    preference: PreferenceConfig = field(default_factory=PreferenceConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -306,7 +310,7 @@ class Config:
 
 SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "speed",
             "multimodal", "optim", "method", "run", "infer", "export_quant", "vocab",
-            "template")
+            "template", "preference")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

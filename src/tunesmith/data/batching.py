@@ -47,7 +47,7 @@ class Batch:
         for name, value in moved.items():
             if isinstance(value, torch.Tensor):
                 moved[name] = value.to(device, non_blocking=nb)
-        return Batch(**moved)
+        return type(self)(**moved)
 
     def pin_memory(self) -> Batch:
         """Called by DataLoader(pin_memory=True) on custom batch types."""
@@ -55,7 +55,13 @@ class Batch:
         for name, value in moved.items():
             if isinstance(value, torch.Tensor):
                 moved[name] = value.pin_memory()
-        return Batch(**moved)
+        return type(self)(**moved)
+
+    @property
+    def loss_units(self) -> int:
+        """What the loop divides the step's loss sum by: trained tokens here; a batch type
+        whose loss is per item (preference pairs) counts items."""
+        return self.n_targets
 
     def lengths(self) -> list[int]:
         """Real length of every sample in the batch (several per row when packed)."""
@@ -69,7 +75,12 @@ class Batch:
 
 
 def collate(samples: Sequence[EncodedSample | PackedRow], pad_id: int) -> Batch:
-    """Right-pad to the longest sample (or packed row) of the batch."""
+    """Right-pad to the longest sample (or packed row) of the batch. Items that bring their
+    own batch type (preference items) are collated by it."""
+    first = samples[0] if samples else None
+    inner = first.samples[0] if isinstance(first, PackedRow) and first.samples else first
+    if hasattr(inner, "collate_items"):
+        return inner.collate_items(samples, pad_id)  # type: ignore[union-attr]
     if samples and isinstance(samples[0], PackedRow):
         return collate_packed(samples, pad_id)  # type: ignore[arg-type]
     t_max = max(len(s) for s in samples)

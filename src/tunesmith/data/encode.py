@@ -32,6 +32,7 @@ class EncodeOptions:
     plain_text: bool = False  # stage pt: no template, every token trained
     vision_ids: tuple[int, ...] = ()  # vision tokens (pads, start, end): never trained
     media_ids: tuple[int, ...] = ()  # image/video pad ids: a sample's spans must stay whole
+    preference: bool = False  # stages dpo/kto/rm: items of two slots (data/preference.py)
 
 
 @dataclass

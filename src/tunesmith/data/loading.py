@@ -33,6 +33,12 @@ from tunesmith.data.encode import EncodedSample, EncodeOptions, EncodeStats
 from tunesmith.data.mixing import mix_plan, resample, validation_split
 from tunesmith.data.packing import PackedSamples
 from tunesmith.data.pipeline import EncodeJob, convert_row, run_pipeline, worker_count
+from tunesmith.data.preference import (
+    PREFERENCE_STAGES,
+    PreferenceItem,
+    PreferenceView,
+    check_stage_data,
+)
 from tunesmith.data.readers import Row, read_hub_rows, read_rows
 from tunesmith.data.registry import DatasetEntry, resolve_dataset
 from tunesmith.data.slot_renderer import SlotRenderer
@@ -109,19 +115,14 @@ class DataContext:
 
 def encode_options(cfg: DataConfig, stage: str) -> EncodeOptions:
     return EncodeOptions(cfg.cutoff_len, cfg.truncation, cfg.train_on_prompt, cfg.mask_history,
-                         plain_text=stage == "pt")
+                         plain_text=stage == "pt", preference=stage in PREFERENCE_STAGES)
 
 
 def check_stage(entry: DatasetEntry, stage: str) -> None:
-    """Preference pairs and KTO examples belong to their own stages."""
-    if entry.ranking and stage in ("sft", "pt"):
-        raise DataError(f"dataset {entry.name!r} holds preference pairs (ranking: true); stage "
-                        f"{stage} needs plain examples: use a preference stage or another "
-                        "dataset")
-    if "kto_tag" in entry.spec.columns and stage in ("sft", "pt"):
-        raise DataError(f"dataset {entry.name!r} holds KTO examples (columns.kto_tag: desirable "
-                        f"or not); stage kto trains on them, stage {stage} needs plain "
-                        "examples: set stage: kto or use another dataset")
+    """Preference pairs, KTO examples and plain examples each belong to their own stages."""
+    problem = check_stage_data(entry.name, entry.spec, stage)
+    if problem:
+        raise DataError(problem)
 
 
 def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
@@ -240,6 +241,8 @@ def _load_group(names: list[str], cfg: DataConfig, ctx: DataContext, report: Dat
                 mix: bool) -> IndexedSamples:
     entries = [resolve_dataset(n, cfg.dataset_dir) for n in names]
     stores = [load_dataset_store(e, cfg, ctx, report) for e in entries]
+    if ctx.stage in PREFERENCE_STAGES:  # items of two consecutive samples each
+        stores = [PreferenceView(s, kto=ctx.stage == "kto") for s in stores]  # type: ignore[misc]
     picks = [resample(len(s), e.num_samples, ctx.seed + d) if e.num_samples
              else np.arange(len(s)) for d, (e, s) in enumerate(zip(entries, stores, strict=True))]
     strategy = cfg.mix_strategy if mix else "concat"
@@ -252,6 +255,9 @@ def _load_group(names: list[str], cfg: DataConfig, ctx: DataContext, report: Dat
 
 def prepare_data(cfg: DataConfig, ctx: DataContext) -> PreparedData:
     """Read, convert, check, encode (or load from cache), mix and split every dataset."""
+    if cfg.tokenized_path and ctx.stage in PREFERENCE_STAGES:
+        raise DataError(f"tokenized_path: not supported yet with stage {ctx.stage} (preference "
+                        "items); remove it (the tokenised cache is reused anyway)")
     if cfg.tokenized_path and (Path(cfg.tokenized_path) / "manifest.json").is_file() \
             and not ctx.overwrite_cache:
         return load_tokenized(Path(cfg.tokenized_path))
@@ -283,10 +289,12 @@ def apply_packing(data: PreparedData, cfg: DataConfig) -> Sequence[Any]:
     lengths = getattr(data.train, "lengths", None)
     if lengths is None:
         lengths = np.array([len(s) for s in data.train], dtype=np.int64)
-    packed = PackedSamples(data.train, lengths, cfg.cutoff_len)
+    # a preference item holds two completions of up to cutoff_len tokens each
+    per_item = 2 if len(data.train) and isinstance(data.train[0], PreferenceItem) else 1
+    packed = PackedSamples(data.train, lengths, per_item * cfg.cutoff_len)
     data.report.packing = packed.stats()
     log.info("packing: %d samples into %d rows of %d tokens (efficiency %.1f%%)",
-             len(data.train), len(packed), cfg.cutoff_len, 100 * packed.efficiency())
+             len(data.train), len(packed), packed.capacity, 100 * packed.efficiency())
     return packed
 
 

@@ -26,6 +26,7 @@ from tunesmith.config.environment import single_thread_tokenizers
 from tunesmith.data.conversation import Conversation, Message, check_conversation
 from tunesmith.data.encode import EncodeOptions, EncodeStats, encode_conversations
 from tunesmith.data.formats import CONVERTERS, FormatSpec, RowError, attach_media, convert_text
+from tunesmith.data.preference import KTO_TAG, encode_preference, read_kto_tag
 from tunesmith.data.readers import Row
 from tunesmith.data.registry import detect_format
 from tunesmith.data.rowchecks import empty_answer, text_problem
@@ -108,7 +109,8 @@ def encode_chunk(rows: list[Row], job: EncodeJob, renderer: ChatRenderer | None)
                 bad.append((where, str(exc)))
         elif conv is not None:
             convs.append(conv)
-    samples, sources, stats = encode_conversations(convs, renderer, job.tokenizer, job.opts)
+    encode = encode_preference if job.opts.preference else encode_conversations
+    samples, sources, stats = encode(convs, renderer, job.tokenizer, job.opts)
     bad += stats.bad
     stats.bad = []
     lengths = np.array([len(s) for s in samples], dtype=np.int64)
@@ -152,6 +154,8 @@ def convert_row(row: Any, where: str, job: EncodeJob, bad: list[tuple[str, str]]
             conv = CONVERTERS[spec.formatting](row, spec)
         if not job.opts.plain_text:
             attach_media(row, spec, conv)
+        if KTO_TAG in spec.columns:
+            conv.extra[KTO_TAG] = read_kto_tag(row, spec)
     except (RowError, DataError) as exc:
         bad.append((where, str(exc)))
         return None

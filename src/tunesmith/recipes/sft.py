@@ -62,6 +62,7 @@ from tunesmith.models.speed import (
     plan_attention,
     plan_compile,
 )
+from tunesmith.recipes.stage import StageBuilder, StageParts
 from tunesmith.runs.folder import (
     LOCK_FILE,
     LOSS_PLOT_FILE,
@@ -125,19 +126,26 @@ def check_output_dir_once(cfg: Config, ctx: DistContext) -> Path:
     return Path(cfg.training.output_dir)
 
 
-def run_sft(cfg: Config) -> dict[str, Any]:
-    """Train under output_dir's lock (taken by the main process before anything is written
-    there), so a second run into the same folder is refused and the first stays untouched."""
+def sft_stage(cfg: Config, model: torch.nn.Module, device: torch.device,
+              pad_id: int) -> StageParts:
+    """Stages sft and pt: next-token cross-entropy (with the configured loss variant)."""
+    return StageParts(build_objective(cfg, model))
+
+
+def run_sft(cfg: Config, build_stage: StageBuilder = sft_stage) -> dict[str, Any]:
+    """Train any stage (`build_stage` gives its objective: sft_stage, preference_stage)
+    under output_dir's lock, taken by the main process before anything is written there, so
+    a second run into the same folder is refused and the first stays untouched."""
     if distributed_env()["rank"] != 0 or not cfg.training.output_dir:
-        return _run_sft(cfg)
+        return _run_sft(cfg, build_stage)
     lock = lock_run_folder(Path(cfg.training.output_dir), "tunesmith train")
     try:
-        return _run_sft(cfg)
+        return _run_sft(cfg, build_stage)
     finally:
         lock.release()
 
 
-def _run_sft(cfg: Config) -> dict[str, Any]:
+def _run_sft(cfg: Config, build_stage: StageBuilder) -> dict[str, Any]:
     m, f, t = cfg.model, cfg.finetuning, cfg.training
     if not m.model_name_or_path:
         raise ConfigError("model_name_or_path: not set; e.g. smollm2-135m-instruct")
@@ -162,25 +170,27 @@ def _run_sft(cfg: Config) -> dict[str, Any]:
                                                    t.overwrite_cache, vision,
                                                    m.model_name_or_path)),
         out / ".cache", "prepared-data", ctx, t.ddp_timeout)
-    train_items = apply_packing(data, cfg.data)
     if ctx.is_main:
         dump_config(cfg, out / "config.resolved.yaml")
 
     model, plan = build_model(cfg, model_path, device,  # same seed on every rank: same init
                               vocab=(tokenizer, described))
     check_added_tokens(renderer, model.get_input_embeddings().num_embeddings)
-
+    stage = build_stage(cfg, model, device, tokenizer.pad_token_id)
+    if stage.prepare is not None:
+        stage.prepare(data)
+    train_items = apply_packing(data, cfg.data)
     flop_model = build_flop_model(model, full=f.finetuning_type == "full")
     save_artifacts = partial(_save_model, model=model, tokenizer=tokenizer,
-                             template_source=template_source, cfg=cfg)
+                             template_source=template_source, cfg=cfg,
+                             save_extra=stage.save_extra)
     metrics = (MetricsLog(out / METRICS_FILE, t.report_to, out, cfg.run.logging_dir,
                           cfg.run.run_name) if ctx.is_main else None)
     lora = f.finetuning_type in ("lora", "oft")  # an adapter is the output
     d = cfg.data
     loader = LoaderOptions(d.batch_tokens, d.dataloader_num_workers, d.dataloader_pin_memory,
                            d.dataloader_prefetch_factor, d.dataloader_persistent_workers)
-    objective = build_objective(cfg, model)
-    trainer = Trainer(model, objective, train_items,
+    trainer = Trainer(model, stage.objective, train_items,
                       data.val, t, pad_id=tokenizer.pad_token_id, device=device,
                       output_dir=out, metrics=metrics,
                       checkpoint_extra=save_artifacts if lora else None,
@@ -297,7 +307,8 @@ def _base_dtype(cfg: Config, device: torch.device) -> torch.dtype:
 
 
 def _save_model(folder: Path, *, model: torch.nn.Module, tokenizer: Any, template_source: str,
-                cfg: Config, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+                cfg: Config, state_dict: dict[str, torch.Tensor] | None = None,
+                save_extra: Any = None) -> None:
     """The adapter (PEFT format) or full model (safetensors), and the tokenizer carrying the
     chat template the model was trained with. `state_dict`: tensors gathered from a sharded
     model (FSDP2, ZeRO-3); None saves the live model's own."""
@@ -316,3 +327,5 @@ def _save_model(folder: Path, *, model: torch.nn.Module, tokenizer: Any, templat
             "finetuning_type": cfg.finetuning.finetuning_type,
             "dataset": cfg.data.dataset}
     (folder / "tunesmith.json").write_text(json.dumps(info, indent=2))
+    if save_extra is not None:  # e.g. a reward model's value head
+        save_extra(folder)

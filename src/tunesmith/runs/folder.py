@@ -36,7 +36,9 @@ LOSS_PLOT_FILE = "loss.png"
 STATE_FILE = "trainer_state.json"  # written last into a checkpoint: its presence = complete
 MANIFEST_FILE = "manifest.json"  # size and sha256 of every other file, written just before
 LOCK_FILE = ".tunesmith.lock"
-OUTPUT_ARTIFACTS = (METRICS_FILE, LOSS_PLOT_FILE, SUMMARY_FILE, RESOLVED_CONFIG_FILE)
+VALUE_HEAD_FILE = "value_head.safetensors"  # reward models (stage rm)
+OUTPUT_ARTIFACTS = (METRICS_FILE, LOSS_PLOT_FILE, SUMMARY_FILE, RESOLVED_CONFIG_FILE,
+                    VALUE_HEAD_FILE)
 _CKPT = re.compile(r"^checkpoint-(\d+)$")
 
 

@@ -41,7 +41,7 @@ from tunesmith.models.acceleration import activation_offload
 from tunesmith.runs.folder import latest_checkpoint
 from tunesmith.train.best import BestTracker
 from tunesmith.train.memory import MicroBatchSizer, out_of_memory_message
-from tunesmith.train.metrics import MetricsLog
+from tunesmith.train.metrics import MetricsLog, objective_metrics
 from tunesmith.train.objective import Objective
 from tunesmith.train.optim import build_optimizer, build_scheduler
 from tunesmith.train.saving import resume_trainer, save_trainer
@@ -152,7 +152,7 @@ class Trainer:
         norm), the same on every rank; the step's real tokens over all ranks go to
         `self.last_step_tokens`."""
         live = live if live is not None else [True] * len(micro)
-        local_targets = sum(b.n_targets for b, ok in zip(micro, live, strict=True) if ok)
+        local_targets = sum(b.loss_units for b, ok in zip(micro, live, strict=True) if ok)
         local_tokens = sum(b.n_tokens for b, ok in zip(micro, live, strict=True) if ok)
         if self.ctx.distributed:  # global count before any backward, kept on the device
             n_global = reduce_tensor([local_targets], self.ctx)[0]
@@ -221,7 +221,7 @@ class Trainer:
             with self._autocast():
                 loss = float(self.strategy.loss_module(batch))
             if shard.live:
-                total, count = total + loss, count + batch.n_targets
+                total, count = total + loss, count + batch.loss_units
         self.strategy.loss_module.train()
         total, count = all_reduce_sum([total, count], self.ctx)
         return total / max(count, 1)
@@ -371,14 +371,17 @@ class Trainer:
         if self.world > 1:  # this rank's rate x ranks (shards are near equal in size)
             record["tokens_per_s"] *= self.world
             record["trained_tokens_per_s"] *= self.world
+        record.update(objective_metrics(self.objective, "train", self.ctx))
         self._write_metrics(record)
         bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
 
     def _log_eval(self) -> float | None:
         loss = self.evaluate()
+        extra = objective_metrics(self.objective, "eval", self.ctx)  # every rank takes part
         if loss is not None and self.ctx.is_main:
             ppl = math.exp(min(loss, 50.0))
-            self._write_metrics({"step": self.state.step, "eval_loss": loss, "eval_ppl": ppl})
+            self._write_metrics({"step": self.state.step, "eval_loss": loss, "eval_ppl": ppl,
+                                 **extra})
         if loss is not None:
             self.best.observe(self.state.step, loss)
             tqdm.write(f"step {self.state.step}: eval loss {loss:.4f} (perplexity {ppl:.2f})")

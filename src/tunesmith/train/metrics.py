@@ -7,6 +7,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from tunesmith.distributed.context import all_reduce_sum
 from tunesmith.errors import ConfigError
 from tunesmith.runs.folder import read_metrics
 from tunesmith.runs.storage import disk_guard
@@ -116,3 +117,17 @@ def plot_loss(metrics_path: Path, out_png: Path) -> Path | None:
     fig.savefig(out_png)
     plt.close(fig)
     return out_png
+
+
+def objective_metrics(objective: Any, split: str, ctx: Any) -> dict[str, float]:
+    """Means of the metrics an objective gathered since the last call (e.g. DPO's rewards
+    and accuracy), summed over ranks; eval ones are prefixed `eval_`. Every rank calls."""
+    drain = getattr(objective, "drain_metrics", None)
+    if drain is None:
+        return {}
+    sums = drain(split)
+    if getattr(ctx, "distributed", False):
+        flat = all_reduce_sum([x for v in sums.values() for x in v], ctx)
+        sums = {k: (flat[2 * i], flat[2 * i + 1]) for i, k in enumerate(sums)}
+    prefix = "eval_" if split == "eval" else ""
+    return {prefix + k: s / c for k, (s, c) in sums.items() if c}

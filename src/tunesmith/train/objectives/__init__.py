@@ -1,0 +1,1 @@
+"""Objectives beside the loop: preference losses (DPO family, KTO) and reward models."""
