@@ -42,7 +42,7 @@ def test_pretraining_datasets_load(tiny_tokenizer, dataset):
 
 @pytest.mark.parametrize("dataset, stage_word", [("dpo_en_demo", "preference"),
                                                 ("dpo_zh_demo", "preference"),
-                                                ("kto_en_demo", "stage kto")])
+                                                ("kto_en_demo", "stage: kto")])
 def test_preference_and_kto_data_name_their_stage(tiny_tokenizer, dataset, stage_word):
     with pytest.raises(DataError, match=stage_word):
         prepare(tiny_tokenizer, dataset)
