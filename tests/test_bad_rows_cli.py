@@ -51,3 +51,14 @@ def test_report_names_the_users_file_after_a_copy_filled_the_cache(tiny_tokenize
     assert [b.where for b in filled.report.bad_rows] == [f"{src}:3"]
     assert [b.where for b in again.report.bad_rows] == [f"{copy}:3"]
     assert again.train.source(0) == f"{copy}:1"  # sample locations follow the copy too
+
+
+def test_relocate_rewrites_only_whole_file_prefixes():
+    from tunesmith.data.relocate import location_map, relocate
+
+    moved = location_map(["/a/d.parquet", "/a/same.jsonl"], ["/b/d.parquet", "/a/same.jsonl"])
+    assert moved == {"/a/d.parquet": "/b/d.parquet"}
+    assert relocate("/a/d.parquet[row 4]", moved) == "/b/d.parquet[row 4]"
+    assert relocate("/a/d.parquet:3 (part 2)", moved) == "/b/d.parquet:3 (part 2)"
+    assert relocate("/a/d.parquet2:3", moved) == "/a/d.parquet2:3"  # another file
+    assert location_map(["/a/x"], ["/b/x", "/b/y"]) == {}

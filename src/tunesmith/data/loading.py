@@ -34,6 +34,7 @@ from tunesmith.data.packing import PackedSamples
 from tunesmith.data.pipeline import EncodeJob, convert_row, run_pipeline, worker_count
 from tunesmith.data.readers import Row, read_hub_rows, read_rows
 from tunesmith.data.registry import DatasetEntry, resolve_dataset
+from tunesmith.data.relocate import location_map, relocate
 from tunesmith.data.store import IndexedSamples, SampleStore
 from tunesmith.data.template import ChatRenderer
 from tunesmith.errors import DataError
@@ -123,11 +124,7 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
                             source, settings)
     folder = dataset_cache_dir(key)
     if (folder / REPORT_FILE).is_file() and not ctx.overwrite_cache:
-        saved = json.loads((folder / REPORT_FILE).read_text(encoding="utf-8"))
-        report.add(saved["rows"], saved["bad_rows"], EncodeStats.from_dict(saved["stats"]))
-        report.cache_hits += 1
-        log.info("dataset %s: loaded tokenised samples from cache %s", entry.name, folder)
-        return SampleStore.open(folder / "samples")
+        return _load_cached(entry, folder, report)
     if renderer is None and not opts.plain_text:
         raise DataError("a chat template is needed to encode conversations")
     job = EncodeJob(entry.spec, opts, getattr(renderer, "name", ""), source, ctx.tokenizer,
@@ -139,10 +136,26 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
     report.preprocess_s += time.perf_counter() - start
     report.cache_misses += 1
     (folder / REPORT_FILE).write_text(json.dumps(
-        {"rows": result.rows, "bad_rows": result.bad_rows, "stats": result.stats.to_dict()}),
-        encoding="utf-8")
+        {"rows": result.rows, "bad_rows": result.bad_rows, "stats": result.stats.to_dict(),
+         "files": [str(p) for p in entry.files]}), encoding="utf-8")
     report.add(result.rows, result.bad_rows, result.stats)
     return result.store
+
+
+def _load_cached(entry: DatasetEntry, folder: Path, report: DataReport) -> SampleStore:
+    """A cache hit; its locations are rewritten to this run's files (the cache may have
+    been filled from a copy of the same content elsewhere)."""
+    saved = json.loads((folder / REPORT_FILE).read_text(encoding="utf-8"))
+    moved = location_map(saved["files"], [str(p) for p in entry.files])
+    stats = EncodeStats.from_dict(saved["stats"])
+    stats.dropped_too_long = [relocate(w, moved) for w in stats.dropped_too_long]
+    stats.no_trained_tokens = [relocate(w, moved) for w in stats.no_trained_tokens]
+    report.add(saved["rows"], [(relocate(w, moved), r) for w, r in saved["bad_rows"]], stats)
+    report.cache_hits += 1
+    log.info("dataset %s: loaded tokenised samples from cache %s", entry.name, folder)
+    store = SampleStore.open(folder / "samples")
+    store.relocate_sources(moved)
+    return store
 
 
 def load_conversations(entry: DatasetEntry, cfg: DataConfig, report: DataReport
