@@ -37,6 +37,7 @@ from tunesmith.distributed.strategy import Strategy
 from tunesmith.errors import ConfigError, TrainingError
 from tunesmith.models.acceleration import activation_offload
 from tunesmith.runs.folder import latest_checkpoint
+from tunesmith.train.cadence import evaluation_due, final_evaluation_due
 from tunesmith.train.memory import MicroBatchSizer, out_of_memory_message
 from tunesmith.train.metrics import MetricsLog
 from tunesmith.train.objective import Objective
@@ -250,7 +251,7 @@ class Trainer:
         bar = tqdm(total=self.total_steps, initial=s.step, desc="train", unit="step",
                    dynamic_ncols=True, disable=not self.ctx.is_main)
         start = time.perf_counter() - s.elapsed
-        eval_loss = None
+        eval_loss, last_eval_step = None, None
         window_losses: list[float] = []
         # One process: batches come from the loader (workers, pinned memory, prefetch) in
         # plan order. Several ranks or auto_batch_size: this rank's shards are collated here.
@@ -258,6 +259,7 @@ class Trainer:
                                         s.batch_in_epoch, self.pad_id, self.loader, self.device)
                          if self.world == 1 and self.sizer is None else None)
         while s.step < self.total_steps:
+            epoch_before = s.epoch
             micro, live, (loss, norm) = self._run_step(self._step_batches())
             s.step += 1
             s.tokens_seen += self.last_step_tokens
@@ -272,8 +274,8 @@ class Trainer:
             if s.step % cfg.logging_steps == 0 or s.step == self.total_steps:
                 self._log(window_losses, norm, bar)
                 window_losses = []
-            if cfg.eval_steps and s.step % cfg.eval_steps == 0 and cfg.eval_strategy != "no":
-                eval_loss = self._log_eval()
+            if evaluation_due(cfg, s.step, epoch_ended=s.epoch != epoch_before):
+                eval_loss, last_eval_step = self._log_eval(), s.step
             if s.step < self.total_steps and self.stop.agreed(self.ctx):
                 bar.close()
                 return LoopResult(s, self.total_steps, eval_loss,
@@ -282,7 +284,7 @@ class Trainer:
             if cfg.save_steps and s.step % cfg.save_steps == 0 and s.step < self.total_steps:
                 self.save()
         bar.close()
-        if self.val and cfg.eval_strategy != "no":
+        if self.val and final_evaluation_due(cfg, s.step, last_eval_step):
             eval_loss = self._log_eval()
         perf = self.throughput.summary(s.elapsed)
         return LoopResult(s, self.total_steps, eval_loss, self._global_perf(perf))
