@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 # Ops whose outputs selective checkpointing keeps (expensive to recompute).
 _SAVE_OPS = {"mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+             "_scaled_dot_product_flash_attention_for_cpu",
              "_flash_attention_forward", "_efficient_attention_forward", "_varlen_attn",
              "linear"}
 
@@ -47,11 +48,35 @@ def enable_checkpointing(model: torch.nn.Module, mode: str) -> None:
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
+class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
+    """Tensors saved for backward go to (pinned) CPU memory and come back for backward,
+    like torch's `save_on_cpu`; `packed` / `unpacked` count them, so a test can see the
+    hooks ran."""
+
+    def __init__(self, pin_memory: bool):
+        self.packed = self.unpacked = 0
+        super().__init__(partial(self._pack, pin_memory), self._unpack)
+
+    def _pack(self, pin_memory: bool, tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+        self.packed += 1
+        if tensor.device.type == "cpu":
+            return tensor.device, tensor
+        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
+                           pin_memory=pin_memory)
+        host.copy_(tensor)
+        return tensor.device, host
+
+    def _unpack(self, packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
+        self.unpacked += 1
+        device, tensor = packed
+        return tensor.to(device, non_blocking=True)
+
+
 def activation_offload(mode: str, device: torch.device) -> AbstractContextManager:
     """Context for the forward pass: with `offload`, tensors saved for backward (the layer
     inputs kept by checkpointing) go to pinned CPU memory and come back for backward."""
     if mode == "offload":
-        return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+        return ActivationOffload(pin_memory=device.type == "cuda")
     return nullcontext()
 
 
