@@ -105,5 +105,5 @@ def compile_decoder_layers(model: torch.nn.Module) -> int:
 def apply_fused_kernels(model: torch.nn.Module, use_liger: bool) -> int:
     n = swap_fused_modules(model, use_liger)
     log.info("fused kernels: %d module(s) swapped (%s)", n,
-             "liger-kernel" if use_liger else "reference ops")
+             "liger-kernel on GPU tensors" if use_liger else "reference ops")
     return n
