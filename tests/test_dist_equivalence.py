@@ -115,7 +115,7 @@ def runs(tmp_path_factory):
                   resumed("z3-full", "full", deepspeed=str(EXAMPLES / "ds_z3_config.json"))]
     (root / "specs.json").write_text(json.dumps(specs))
     b = _run(_torchrun(2, str(WORKER), str(root / "specs.json")), _child_env(root),
-             timeout=300)
+             timeout=900)  # 12 runs, 4 of them DeepSpeed, on 2 shared cores
     assert b.returncode == 0, b.stderr[-3000:]
     return env
 
