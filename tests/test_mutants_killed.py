@@ -23,12 +23,14 @@ def _sample(n: int) -> EncodedSample:
 
 def test_packed_samples_slice_and_stats():
     samples = [_sample(n) for n in (5, 4, 3, 2)]
-    packed = PackedSamples(samples, np.array([5, 4, 3, 2]), 8)
+    packed = PackedSamples(samples, np.array([5, 4, 3, 2]), 6)  # rows: 5 | 4+2 | 3
     assert [len(r) for r in packed[0:2]] == [len(packed[0]), len(packed[1])]
-    assert len(packed[:]) == len(packed) == 2
+    assert len(packed[:]) == len(packed) == 3
     stats = packed.stats()
-    assert stats == {"packed_rows": 2, "packed_samples": 4, "samples_per_row": 2.0,
-                     "packing_efficiency": 0.875}
+    assert stats == {"packed_rows": 3, "packed_samples": 4, "samples_per_row": 1.333,
+                     "packing_efficiency": 0.7778}
+    one_row = PackedSamples(samples[2:], np.array([3, 2]), 6)
+    assert one_row.stats()["samples_per_row"] == 2.0
 
 
 def test_nonfinite_step_is_logged_with_its_values(tmp_path, tiny_llama_dir, tiny_tokenizer,
