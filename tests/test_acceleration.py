@@ -4,8 +4,11 @@ gradients as none."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tiny import build_model
 from tunesmith.kernels.attention import (
@@ -64,20 +67,47 @@ def test_fused_modules_match_originals(arch):
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
+class _CountOps(TorchDispatchMode):
+    """Counts aten ops by name (overload dropped) while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[func.__name__.split(".")[0]] += 1
+        return func(*args, **(kwargs or {}))
+
+
 def _grads(model, ids, mode):
+    """Gradients, the ops run during backward (recomputed forward ops show up there) and
+    the offload context."""
     enable_checkpointing(model, mode)
     model.train()
     model.zero_grad()
-    with activation_offload(mode, torch.device("cpu")):
+    offload = activation_offload(mode, torch.device("cpu"))
+    with offload:
         loss = model(ids, labels=ids).loss
-    loss.backward()
-    return {n: p.grad.clone() for n, p in model.named_parameters()}
+    with _CountOps() as counted:
+        loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}, counted.ops, offload
+
+
+SDPA_CPU = "_scaled_dot_product_flash_attention_for_cpu"
 
 
 @pytest.mark.parametrize("mode", ["true", "selective", "offload"])
-def test_checkpointing_modes_give_same_gradients(mode):
+def test_checkpointing_modes_give_same_gradients_and_recompute(mode):
     ids = torch.randint(3, 300, (2, 12))
-    ref = _grads(build_model("llama"), ids, "false")
-    got = _grads(build_model("llama"), ids, mode)
+    ref, ref_ops, _ = _grads(build_model("llama"), ids, "false")
+    got, ops, offload = _grads(build_model("llama"), ids, mode)
     for name in ref:
         torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-6)
+    assert ref_ops["rsqrt"] == ref_ops["silu"] == 0  # no recompute without checkpointing
+    assert ops["rsqrt"] > 0 and ops["silu"] > 0  # element-wise ops are recomputed
+    if mode == "selective":  # matmuls and attention are kept, not recomputed
+        assert ops["mm"] == ref_ops["mm"] and ops[SDPA_CPU] == 0
+    else:  # true / offload recompute the whole layer
+        assert ops["mm"] > ref_ops["mm"] and ops[SDPA_CPU] > 0
+    if mode == "offload":  # the saved layer inputs went through the offload hooks and back
+        assert offload.packed > 0 and offload.unpacked == offload.packed

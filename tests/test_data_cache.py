@@ -55,8 +55,11 @@ def test_parallel_workers_equal_one_process(tiny_tokenizer, tmp_path):
 
 def test_streaming_gives_the_same_samples(tiny_tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "a.jsonl", alpaca_rows(30))
-    _same(prepare(tiny_tokenizer, dataset=[str(path)]).train,
-          prepare(tiny_tokenizer, dataset=[str(path)], streaming=True).train)
+    whole = prepare(tiny_tokenizer, dataset=[str(path)])
+    # streaming is not part of the cache key (it changes no token): encode again to compare
+    streamed = prepare(tiny_tokenizer, dataset=[str(path)], streaming=True, overwrite_cache=True)
+    assert streamed.report.cache_misses == 1 and streamed.report.cache_hits == 0
+    _same(whole.train, streamed.train)
 
 
 LONG = {"instruction": "word " * 60, "input": "", "output": "The final answer is here."}

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import torch
 
-from datahelp import alpaca_rows, write_jsonl
+from datahelp import alpaca_rows, prepare, write_jsonl
 from tunesmith.cli.main import main
 from tunesmith.config import load_config
 from tunesmith.data.batching import collate
@@ -37,13 +37,20 @@ def test_packed_run_reports_packing_and_saves_the_trained_template(tmp_path, tin
     assert template == load_template_source("chatml", tiny_tokenizer)[1]
 
 
-def test_token_budget_batches_train(tmp_path, tiny_llama_dir):
+def test_token_budget_batches_train(tmp_path, tiny_llama_dir, tiny_tokenizer):
     data = write_jsonl(tmp_path / "a.jsonl", alpaca_rows(24))
-    cfg = load_config(overrides={
-        "model_name_or_path": str(tiny_llama_dir), "dataset": str(data),
-        "output_dir": str(tmp_path / "run"), "max_steps": 2, "batch_tokens": 128,
-        "save_steps": 0})
-    assert run_sft(cfg)["steps"] == 2
+    lengths = [len(s) for s in prepare(tiny_tokenizer, dataset=[str(data)]).train]
+    budget = 4 * max(lengths)  # room for 4 samples a batch, where the batch size says 2
+
+    def steps(*keys: str) -> int:
+        out = tmp_path / f"run{len(keys)}"
+        assert main(["train", f"model_name_or_path={tiny_llama_dir}", f"dataset={data}",
+                     f"output_dir={out}", "num_train_epochs=1", "save_steps=0",
+                     "per_device_train_batch_size=2", *keys]) == 0
+        return json.loads((out / "run_summary.json").read_text())["steps"]
+
+    assert steps() == 12
+    assert steps(f"batch_tokens={budget}") == 6  # the option changed the batches
 
 
 def test_dataloader_workers_give_the_same_batches(tiny_tokenizer):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 from playwright.sync_api import expect
 
@@ -14,6 +15,7 @@ from webui_browser import (
     field,
     make_workspace,
     pick,
+    pixels,
     require_chromium,
     screenshot,
     serve,
@@ -168,7 +170,20 @@ def test_train_watch_stop_resume_then_chat(page):
 
 
 def test_screenshots_of_the_eval_and_export_tabs(page):
+    shots = {}
     for tab, name in (("Evaluate", "evaluate"), ("Export", "export")):
         page.get_by_role("tab", name=tab).click()
-        page.locator(f"#{name[:4] if name == 'evaluate' else name}-start").wait_for()
-        assert screenshot(page, name).stat().st_size > 10_000
+        button = page.locator(f"#{name[:4] if name == 'evaluate' else name}-start")
+        button.wait_for()
+        shots[name] = pixels(screenshot(page, name))
+        assert shots[name].std() > 20, f"{name}: the page looks blank"
+        # the start button's label is drawn: hiding its text (same layout) changes pixels
+        assert button.inner_text().strip(), f"{name}: the start button has no label"
+        drawn = pixels(button.screenshot())
+        button.evaluate("b => { b.style.color = 'transparent'; }")
+        hidden = pixels(button.screenshot())
+        button.evaluate("b => { b.style.color = ''; }")
+        assert drawn.shape == hidden.shape
+        assert (np.abs(drawn - hidden) > 40).mean() > 0.003, f"{name}: the label is not drawn"
+    a, b = shots["evaluate"], shots["export"]
+    assert a.shape != b.shape or (a != b).mean() > 0.01  # the two tabs show different pages

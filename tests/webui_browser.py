@@ -6,6 +6,7 @@ Python drives it. Screenshots go to tests/artifacts/webui/.
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import socket
@@ -13,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tiny import write_alpaca
@@ -109,6 +111,14 @@ def screenshot(page, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+def pixels(png) -> np.ndarray:
+    """A PNG (path or bytes) as a greyscale array [H, W] of 0..255."""
+    from PIL import Image
+
+    source = io.BytesIO(png) if isinstance(png, bytes) else png
+    return np.asarray(Image.open(source).convert("L"), dtype=np.float32)
 
 
 def make_finished_run(work: Path, name: str = "done") -> Path:

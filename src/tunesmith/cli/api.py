@@ -54,6 +54,7 @@ def api_parser() -> argparse.ArgumentParser:
 
 
 def cmd_api(args: list[str]) -> int:
+    from tunesmith.cli.arguments import parse_verb_args
     from tunesmith.cli.chat_args import engine_from_args, model_args
     from tunesmith.cli.setup import setup_process
     from tunesmith.config.environment import api_key
@@ -61,7 +62,7 @@ def cmd_api(args: list[str]) -> int:
     from tunesmith.serve.media import MediaPolicy
     from tunesmith.serve.server import bind_socket, build_server, is_loopback
 
-    ns = api_parser().parse_args(args)
+    ns = parse_verb_args(api_parser(), args)
     if ns.port < 0 or ns.port > 65535:
         raise ConfigError(f"--port {ns.port} is not a TCP port (0..65535)")
     _check_limits(ns)

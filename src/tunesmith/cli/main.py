@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from tunesmith.errors import TunesmithError
@@ -11,8 +10,8 @@ USAGE = """tunesmith <command> [args]
 
 commands:
   train CONFIG.yaml [key=value ...] [--key value ...]   fine-tune a model
-  chat  [--model_name_or_path M] [--adapter_name_or_path A] [--template T] [--prompt TEXT]
-  api   [--model_name_or_path M] [--adapter_name_or_path A] [--host H] [--port P] [--api_key K]
+  chat  [CONFIG.yaml] [--model_name_or_path M] [--adapter_name_or_path A] [--prompt TEXT] ...
+  api   [CONFIG.yaml] [--model_name_or_path M] [--adapter_name_or_path A] [--port P] ...
                                                          OpenAI-compatible API server
   eval  CONFIG.yaml [key=value ...]                      loss/perplexity, predict (BLEU/ROUGE)
                                                          or a multiple-choice benchmark (task)
@@ -23,6 +22,8 @@ commands:
   webui [--work_dir DIR] [--host H] [--port P] [--auth USER:PASSWORD] [--share]   the web UI
   data inspect CONFIG.yaml|DATASET [--model M] [--template T] [key=value ...]
                                                          counts, lengths, truncation, packing, a sample
+Every command takes key=value, --key value and --key=value alike; chat, api and webui also
+read their options from a YAML (the command line wins).
 """
 
 
@@ -88,25 +89,10 @@ def cmd_train(args: list[str]) -> int:
 
 
 def cmd_chat(args: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="tunesmith chat")
-    p.add_argument("config", nargs="?", help="optional YAML with model_name_or_path etc.")
-    p.add_argument("--model_name_or_path", default="")
-    p.add_argument("--adapter_name_or_path", default="")
-    p.add_argument("--template", default="")
-    p.add_argument("--prompt", default=None, help="answer this once and exit")
-    p.add_argument("--system", default=None, help="system message")
-    p.add_argument("--image", action="append", default=[],
-                   help="image file shown with the (first) prompt; repeatable")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--top_p", type=float, default=1.0)
-    p.add_argument("--top_k", type=int, default=0)
-    p.add_argument("--max_new_tokens", type=int, default=256)
-    p.add_argument("--repetition_penalty", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--trust_remote_code", action="store_true")
-    ns = p.parse_args(args)
+    from tunesmith.cli.arguments import parse_verb_args
+    from tunesmith.cli.chat_args import chat_parser
+
+    ns = parse_verb_args(chat_parser(), args)
     from tunesmith.cli.setup import setup_process
     from tunesmith.infer.engine import GenerationParams
 

@@ -28,7 +28,9 @@ def cmd_webui(args: list[str]) -> int:
     p.add_argument("--auth", default="", help="user:password required to open the page "
                    "(default: $TUNESMITH_WEBUI_AUTH, else no login)")
     p.add_argument("--share", action="store_true", help="also open a public gradio share link")
-    ns = p.parse_args(args)
+    from tunesmith.cli.arguments import parse_verb_args
+
+    ns = parse_verb_args(p, args)
     from tunesmith.cli.setup import setup_process
     from tunesmith.config.environment import webui_auth
     from tunesmith.webui.app import ServerOptions, build_app, launch

@@ -180,8 +180,11 @@ def coerce_value(value: Any, f: dataclasses.Field) -> Any:
             return {str(k): v for k, v in value.items()}
         raise ValueError(f"expected a mapping (key: value), got {value!r}")
     # str and Literal fields; YAML turns `false` into a bool, so accept bools for choices
-    if isinstance(value, bool) and field_choices(f) and str(value).lower() in field_choices(f):
-        return str(value).lower()
+    if isinstance(value, bool) and field_choices(f):
+        # YAML 1.1 also reads `no` / `yes` as bools (`eval_strategy: no`)
+        for text in (str(value).lower(), "yes" if value else "no"):
+            if text in field_choices(f):
+                return text
     if not isinstance(value, str | int | float):
         raise ValueError(f"expected a string, got {value!r}")
     return str(value)

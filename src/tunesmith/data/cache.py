@@ -17,7 +17,7 @@ from typing import Any
 
 from tunesmith.config.environment import cache_root
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 2: report.json lists the files it was read from
 _CHUNK = 1 << 22
 
 

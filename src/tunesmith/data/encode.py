@@ -93,6 +93,8 @@ def encode_conversations(convs: list[Conversation],
     """Render, tokenise in one batch, build labels, apply the truncation policy.
 
     Returns the samples, the location of each, and the counts of what was changed."""
+    if not convs:  # a chunk whose every row was bad: tokenizers fail on an empty batch
+        return [], [], EncodeStats()
     if opts.plain_text:
         return _encode_plain(convs, tokenizer, opts)
     assert renderer is not None

@@ -64,5 +64,9 @@ def batch_iterator(items: Sequence[Any], plan: Plan, epoch: int, position: int, 
     loader = torch.utils.data.DataLoader(
         _Items(items), batch_sampler=sampler, collate_fn=partial(collate, pad_id=pad_id),
         num_workers=opts.num_workers, pin_memory=opts.pin_memory and device.type == "cuda",
-        prefetch_factor=opts.prefetch_factor, persistent_workers=opts.persistent_workers)
+        prefetch_factor=opts.prefetch_factor, persistent_workers=opts.persistent_workers,
+        # Its own generator: starting the iterator draws the workers' base seed, and from
+        # the global RNG that draw would shift dropout after a resume restored that RNG.
+        # Collation uses no randomness, so a fixed seed changes nothing else.
+        generator=torch.Generator().manual_seed(0))
     return iter(loader)

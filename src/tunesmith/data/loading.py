@@ -41,6 +41,7 @@ from tunesmith.data.preference import (
 )
 from tunesmith.data.readers import Row, read_hub_rows, read_rows
 from tunesmith.data.registry import DatasetEntry, resolve_dataset
+from tunesmith.data.relocate import location_map, relocate
 from tunesmith.data.slot_renderer import SlotRenderer
 from tunesmith.data.store import IndexedSamples, SampleStore
 from tunesmith.data.template import ChatRenderer
@@ -144,7 +145,7 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
     key = dataset_cache_key([file_digest(p) for p in entry.files], tokenizer_digest(ctx.tokenizer),
                             source, settings)
     folder = dataset_cache_dir(key)
-    cached = None if ctx.overwrite_cache else _open_cached(folder, report)
+    cached = None if ctx.overwrite_cache else _open_cached(entry, folder, report)
     if cached is not None:
         log.info("dataset %s: loaded tokenised samples from cache %s", entry.name, folder)
         return cached
@@ -163,27 +164,33 @@ def load_dataset_store(entry: DatasetEntry, cfg: DataConfig, ctx: DataContext,
                               chunk_rows=cfg.preprocessing_batch_size)
         write_report_atomically(folder / REPORT_FILE, json.dumps(
             {"rows": result.rows, "bad_rows": result.bad_rows,
-             "stats": result.stats.to_dict()}))
+             "stats": result.stats.to_dict(), "files": [str(p) for p in entry.files]}))
     report.preprocess_s += time.perf_counter() - start
     report.cache_misses += 1
     report.add(result.rows, result.bad_rows, result.stats)
     return result.store
 
 
-def _open_cached(folder: Path, report: DataReport) -> SampleStore | None:
-    """The cached store of `folder` when its report (written last) is there and readable;
-    a damaged entry is said and rebuilt."""
+def _open_cached(entry: DatasetEntry, folder: Path, report: DataReport
+                 ) -> SampleStore | None:
+    """The cached store of `folder` when its report (written last) is there and readable,
+    with its locations rewritten to this run's files (the cache may have been filled from a
+    copy of the same content elsewhere); a damaged entry is said and rebuilt."""
     if not (folder / REPORT_FILE).is_file():
         return None
     try:
         saved = json.loads((folder / REPORT_FILE).read_text(encoding="utf-8"))
         store = SampleStore.open(folder / "samples")
         stats = EncodeStats.from_dict(saved["stats"])
+        moved = location_map(saved["files"], [str(p) for p in entry.files])
     except (OSError, ValueError, KeyError) as exc:
         log.warning("tokenised cache %s is damaged (%s); rebuilding it", folder, exc)
         return None
-    report.add(saved["rows"], saved["bad_rows"], stats)
+    stats.dropped_too_long = [relocate(w, moved) for w in stats.dropped_too_long]
+    stats.no_trained_tokens = [relocate(w, moved) for w in stats.no_trained_tokens]
+    report.add(saved["rows"], [(relocate(w, moved), r) for w, r in saved["bad_rows"]], stats)
     report.cache_hits += 1
+    store.relocate_sources(moved)
     return store
 
 

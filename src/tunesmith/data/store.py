@@ -27,6 +27,7 @@ import numpy as np
 
 from tunesmith.data.encode import IGNORE_INDEX, EncodedSample
 from tunesmith.data.media_store import MediaTable, MediaWriter
+from tunesmith.data.relocate import RelocatedSources
 
 IDS_FILE, TRAINED_FILE, OFFSETS_FILE, SOURCES_FILE, LABEL_EOS_FILE = (
     "input_ids.bin", "trained.bin", "offsets.npy", "sources.json", "label_eos.json")
@@ -102,6 +103,11 @@ class SampleStore(Sequence[EncodedSample]):
 
     def source(self, i: int) -> str:
         return self._sources[i] if self._sources is not None else f"sample {i}"
+
+    def relocate_sources(self, moved: dict[str, str]) -> None:
+        """Sample locations name these moved files' new paths (data/relocate.py)."""
+        if moved and self._sources is not None:
+            self._sources = RelocatedSources(self._sources, moved)  # type: ignore[assignment]
 
     def save(self, folder: Path) -> None:
         writer = StoreWriter(folder, self.media.vision if self.media else None)

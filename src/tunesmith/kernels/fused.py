@@ -25,6 +25,12 @@ def liger_ops() -> dict[str, Any] | None:
     return {"rms_norm": LigerRMSNormFunction, "silu_mul": LigerSiLUMulFunction}
 
 
+def liger_runs_on(x: torch.Tensor) -> bool:
+    """liger-kernel's Triton ops need a GPU tensor (its kernels do not run under Triton's CPU
+    interpreter); elsewhere the modules compute the reference ops."""
+    return x.is_cuda
+
+
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama-style RMSNorm: normalise in fp32, scale by the weight in the input dtype."""
     dtype = x.dtype
@@ -41,7 +47,7 @@ class FusedRMSNorm(torch.nn.Module):
         self.use_liger = use_liger and liger_ops() is not None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if self.use_liger and hidden_states.is_cuda:
+        if self.use_liger and liger_runs_on(hidden_states):
             # casting mode "llama" matches rms_norm_reference
             return liger_ops()["rms_norm"].apply(hidden_states, self.weight,
                                                  self.variance_epsilon, 0.0, "llama", False)
@@ -58,7 +64,7 @@ class FusedSwiGLUMLP(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_proj(x), self.up_proj(x)
-        if self.use_liger and x.is_cuda:
+        if self.use_liger and liger_runs_on(x):
             return self.down_proj(liger_ops()["silu_mul"].apply(gate, up))
         return self.down_proj(F.silu(gate) * up)
 

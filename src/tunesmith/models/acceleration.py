@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 # Ops whose outputs selective checkpointing keeps (expensive to recompute).
 _SAVE_OPS = {"mm", "addmm", "bmm", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+             "_scaled_dot_product_flash_attention_for_cpu",
              "_flash_attention_forward", "_efficient_attention_forward", "_varlen_attn",
              "linear"}
 
@@ -83,32 +84,38 @@ def _checkpoint_func(kwargs: dict, stats: Any):
 OFFLOAD_COUNTS: Counter[str] = Counter()
 
 
-class _CpuOffload(torch.autograd.graph.saved_tensors_hooks):
-    """torch's save_on_cpu, counting what it parks."""
+class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
+    """Tensors saved for backward go to (pinned) CPU memory and come back for backward,
+    like torch's `save_on_cpu`; `packed` / `unpacked` count them, so a test can see the
+    hooks ran."""
 
     def __init__(self, pin_memory: bool):
-        def pack(t: torch.Tensor):
-            if not torch.compiler.is_compiling():
-                OFFLOAD_COUNTS["bytes"] += t.numel() * t.element_size()
-            if t.device.type == "cpu":
-                return t.device, t
-            packed = torch.empty(t.size(), dtype=t.dtype, layout=t.layout,
-                                 pin_memory=pin_memory)
-            packed.copy_(t)
-            return t.device, packed
+        self.packed = self.unpacked = 0
+        self.pin_memory = pin_memory
+        super().__init__(partial(self._pack, pin_memory), self._unpack)
 
-        def unpack(saved):
-            device, t = saved
-            return t.to(device, non_blocking=pin_memory)
+    def _pack(self, pin_memory: bool, tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+        self.packed += 1
+        if not torch.compiler.is_compiling():  # the run summary's offloaded_mb
+            OFFLOAD_COUNTS["bytes"] += tensor.numel() * tensor.element_size()
+        if tensor.device.type == "cpu":
+            return tensor.device, tensor
+        host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
+                           pin_memory=pin_memory)
+        host.copy_(tensor)
+        return tensor.device, host
 
-        super().__init__(pack, unpack)
+    def _unpack(self, packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
+        self.unpacked += 1
+        device, tensor = packed
+        return tensor.to(device, non_blocking=self.pin_memory)
 
 
 def activation_offload(mode: str, device: torch.device) -> AbstractContextManager:
     """Context for the forward pass: with `offload`, tensors saved for backward (the layer
     inputs kept by checkpointing) go to pinned CPU memory and come back for backward."""
     if mode == "offload":
-        return _CpuOffload(pin_memory=device.type == "cuda")
+        return ActivationOffload(pin_memory=device.type == "cuda")
     return nullcontext()
 
 
@@ -186,5 +193,5 @@ def set_tf32(enabled: bool, device: torch.device) -> None:
 def apply_fused_kernels(model: torch.nn.Module, use_liger: bool) -> int:
     n = swap_fused_modules(model, use_liger)
     log.info("fused kernels: %d module(s) swapped (%s)", n,
-             "liger-kernel" if use_liger else "reference ops")
+             "liger-kernel on GPU tensors" if use_liger else "reference ops")
     return n

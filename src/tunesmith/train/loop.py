@@ -40,6 +40,7 @@ from tunesmith.errors import ConfigError, TrainingError
 from tunesmith.models.acceleration import activation_offload
 from tunesmith.runs.folder import latest_checkpoint
 from tunesmith.train.best import BestTracker
+from tunesmith.train.cadence import evaluation_due, final_evaluation_due
 from tunesmith.train.memory import MicroBatchSizer, out_of_memory_message
 from tunesmith.train.metrics import MetricsLog, objective_metrics
 from tunesmith.train.objective import Objective
@@ -259,7 +260,7 @@ class Trainer:
                    dynamic_ncols=True,
                    disable=not self.ctx.is_main or self.run_cfg.disable_tqdm)
         start = time.perf_counter() - s.elapsed
-        eval_loss = None
+        eval_loss, last_eval_step = None, None
         window_losses: list[float] = []
         # One process: batches come from the loader (workers, pinned memory, prefetch) in
         # plan order. Several ranks or auto_batch_size: this rank's shards are collated here.
@@ -283,8 +284,8 @@ class Trainer:
             if log_due(s.step, cfg, self.run_cfg, self.total_steps, self.steps_per_epoch):
                 self._log(window_losses, norm, bar)
                 window_losses = []
-            if cfg.eval_steps and s.step % cfg.eval_steps == 0 and cfg.eval_strategy != "no":
-                eval_loss = self._log_eval()
+            if evaluation_due(cfg, s.step, epoch_ended=s.epoch != start_epoch):
+                eval_loss, last_eval_step = self._log_eval(), s.step
                 if self.best.stop_early():
                     break
             if s.step < self.total_steps and self.stop.agreed(self.ctx):
@@ -296,7 +297,7 @@ class Trainer:
                 self.save()
         bar.close()
         self.best.restore_best()  # load_best_model_at_end
-        if self.val and cfg.eval_strategy != "no":
+        if self.val and final_evaluation_due(cfg, s.step, last_eval_step):
             eval_loss = self._log_eval()
         perf = self.throughput.summary(s.elapsed)
         return LoopResult(s, self.total_steps, eval_loss, self._global_perf(perf))

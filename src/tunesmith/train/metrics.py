@@ -41,6 +41,8 @@ class MetricsLog:
 
     def close(self) -> None:
         self._fh.close()
+        if self._sink is not None:
+            getattr(self._sink, "close", lambda: None)()
 
 
 def _drop_torn_tail(path: Path) -> None:
@@ -74,6 +76,7 @@ def _open_sink(report_to: str, run_dir: Path, logging_dir: str = "", run_name: s
                 if isinstance(v, int | float) and k != "step":
                     writer.add_scalar(k, v, record["step"])
             writer.flush()
+        tb.close = writer.close  # type: ignore[attr-defined]
         return tb
     if report_to == "wandb":
         try:
@@ -82,7 +85,11 @@ def _open_sink(report_to: str, run_dir: Path, logging_dir: str = "", run_name: s
             raise ConfigError("report_to: wandb is not installed; pip install "
                               "'tunesmith[wandb]' or set report_to: none") from None
         run = wandb.init(dir=str(run_dir), name=run_name or None)
-        return lambda record: run.log(record, step=record["step"])
+
+        def wb(record: dict[str, Any]) -> None:
+            run.log(record, step=record["step"])
+        wb.close = run.finish  # type: ignore[attr-defined]  # summary and files written
+        return wb
     return None
 
 
