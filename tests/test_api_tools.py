@@ -133,7 +133,7 @@ def test_tool_call_formats_are_parsed_and_bad_blocks_stay_content():
     assert parse_tool_calls('{"city": "Paris"}') == ('{"city": "Paris"}', [])
 
 
-def test_image_parts_reach_a_vision_engine_in_hugging_face_chat_shape():
+def test_image_parts_reach_a_vision_engine_as_placeholders_and_images():
     from tunesmith.serve.protocol import ChatCompletionRequest
 
     req = ChatCompletionRequest.model_validate({"model": NAME, "messages": [
@@ -141,9 +141,10 @@ def test_image_parts_reach_a_vision_engine_in_hugging_face_chat_shape():
                                      {"type": "image_url", "image_url": {"url": "u.png"}}]},
         {"role": "assistant", "content": [{"type": "text", "text": "A cat."}]}]})
     conv = req.conversation()
-    assert conv[0]["content"] == [{"type": "text", "text": "What is this?"},
-                                  {"type": "image", "url": "u.png"}]
-    assert conv[1]["content"] == "A cat."  # text-only parts stay a plain string
+    # the data layer's shape: an <image> placeholder where each image part stands, the
+    # images listed in order (infer/vision.encode_vision_prompt expands them)
+    assert conv[0]["content"] == "What is this?<image>" and conv[0]["images"] == ["u.png"]
+    assert conv[1]["content"] == "A cat." and "images" not in conv[1]
 
 
 def test_streamed_text_is_sent_until_a_call_may_begin():

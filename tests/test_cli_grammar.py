@@ -35,12 +35,12 @@ def test_api_forms_agree(args):
 def test_yaml_sets_options_and_the_command_line_wins(tmp_path, caplog):
     path = tmp_path / "infer.yaml"
     path.write_text("model_name_or_path: from-yaml\ntemplate: chatml\nport: 9000\n"
-                    "trust_remote_code: true\ninfer_backend: huggingface\n")
+                    "trust_remote_code: true\nlearning_rate: 0.001\n")
     with caplog.at_level(logging.WARNING):
         ns = parse_verb_args(api_parser(), [str(path), "port=9001"])
     assert (ns.config, ns.model_name_or_path, ns.template, ns.port, ns.trust_remote_code) == \
         (str(path), "from-yaml", "chatml", 9001, True)
-    assert f"{path}:5: infer_backend" in caplog.text  # not used by api: said, with its line
+    assert f"{path}:5: learning_rate" in caplog.text  # not used by api: said, with its line
 
 
 def test_a_value_that_looks_like_key_value_stays_a_value():

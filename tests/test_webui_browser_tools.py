@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from playwright.sync_api import expect
@@ -70,13 +71,25 @@ def test_export_a_finished_run(page, fmt, suffix):
     pick(pg, "export-run", "saves/done")
     expect(field(pg, "export-dir")).to_have_value("exports/done")  # filled from the run
     field(pg, "export-dir").fill(f"exports/done-{fmt}")
-    pg.locator("#export-format").get_by_label(fmt, exact=True).check()
+    field(pg, "export-dir").press("Tab")
+    radio = pg.locator("#export-format").get_by_label(fmt, exact=True)
+    radio.check()
+    expect(field(pg, "export-dir")).to_have_value(f"exports/done-{fmt}")
+    expect(radio).to_be_checked()
     pg.locator("#export-start").click()
     pg.wait_for_function(
         "document.querySelector('#export-message').innerText.includes('Started job')")
+    # the status shown must be this job's, not the one exported before it
+    job_id = re.search(r"Started job (\S+?):", pg.locator("#export-message").inner_text())[1]
+    expect(field(pg, "export-job")).to_have_value(job_id)
+    out = work / "exports" / f"done-{fmt}"
+    for _ in range(480):  # the job's own output (the status box may still show the last job)
+        if any(p.suffix == suffix for p in out.rglob("*")):
+            break
+        pg.wait_for_timeout(250)
     status = wait_for_status(pg, "export", 120)
     screenshot(pg, f"export-{fmt}-result")
     assert status.startswith("finished"), f"{status}\n{field(pg, 'export-log').input_value()}"
-    out = work / "exports" / f"done-{fmt}"
-    assert any(p.suffix == suffix for p in out.rglob("*")), sorted(out.rglob("*"))
-    assert f"done-{fmt}" in pg.locator("#export-results").inner_text()
+    assert any(p.suffix == suffix for p in out.rglob("*")), (
+        sorted(out.rglob("*")), field(pg, "export-log").input_value())
+    expect(pg.locator("#export-results")).to_contain_text(f"done-{fmt}")

@@ -296,7 +296,9 @@ class Trainer:
             if s.step < self.total_steps and save_due(self, start_epoch):
                 self.save()
         bar.close()
-        self.best.restore_best()  # load_best_model_at_end
+        best_step = self.best.restore_best()  # load_best_model_at_end
+        if best_step is not None and best_step != last_eval_step:
+            last_eval_step = None  # other weights than the last evaluation's: evaluate them
         if self.val and final_evaluation_due(cfg, s.step, last_eval_step):
             eval_loss = self._log_eval()
         perf = self.throughput.summary(s.elapsed)
