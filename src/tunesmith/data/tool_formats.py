@@ -138,34 +138,33 @@ def _calls_qwen(calls: list[Call]) -> str:
                      + "\n</tool_call>" for n, a in calls)
 
 
-def _calls_qwen3_5(calls: list[Call]) -> str:
+def _tagged_calls(calls: list[Call], head: str, arg: str, tail: str) -> str:
+    """Calls written as tags: `head` per call, `arg` per argument ({key}, {value}), then
+    `tail`; calls joined by newlines ({name} in `head`)."""
     out = []
     for name, args in calls:
-        text = f"<tool_call>\n<function={name}>"
+        text = head.format(name=name)
         for key, value in json.loads(args).items():
-            text += f"\n<parameter={key}>\n{_value_text(value)}\n</parameter>"
-        out.append(text + "\n</function>\n</tool_call>")
+            text += arg.format(key=key, value=_value_text(value))
+        out.append(text + tail)
     return "\n".join(out)
+
+
+def _calls_qwen3_5(calls: list[Call]) -> str:
+    return _tagged_calls(calls, "<tool_call>\n<function={name}>",
+                         "\n<parameter={key}>\n{value}\n</parameter>",
+                         "\n</function>\n</tool_call>")
 
 
 def _calls_glm4_moe(calls: list[Call]) -> str:
-    out = []
-    for name, args in calls:
-        text = "\n<tool_call>" + name
-        for key, value in json.loads(args).items():
-            text += f"\n<arg_key>{key}</arg_key>\n<arg_value>{_value_text(value)}</arg_value>"
-        out.append(text)
-    return "\n".join(out)
+    return _tagged_calls(calls, "\n<tool_call>{name}",
+                         "\n<arg_key>{key}</arg_key>\n<arg_value>{value}</arg_value>", "")
 
 
 def _calls_seed(calls: list[Call]) -> str:
-    out = []
-    for name, args in calls:
-        text = "\n<seed:tool_call>\n<function=" + name
-        for key, value in json.loads(args).items():
-            text += f"\n<parameter={key}>{_value_text(value)}</parameter>"
-        out.append(text + "\n</function>\n</seed:tool_call>")
-    return "\n".join(out)
+    return _tagged_calls(calls, "\n<seed:tool_call>\n<function={name}",
+                         "\n<parameter={key}>{value}</parameter>",
+                         "\n</function>\n</seed:tool_call>")
 
 
 def _calls_minimax1(calls: list[Call]) -> str:
@@ -174,13 +173,8 @@ def _calls_minimax1(calls: list[Call]) -> str:
 
 
 def _calls_minimax2(calls: list[Call]) -> str:
-    out = []
-    for name, args in calls:
-        text = f'<invoke name="{name}">'
-        for key, value in json.loads(args).items():
-            text += f'\n<parameter name="{key}">{_value_text(value)}</parameter>'
-        out.append(text + "\n</invoke>")
-    return "\n".join(out)
+    return _tagged_calls(calls, '<invoke name="{name}">',
+                         '\n<parameter name="{key}">{value}</parameter>', "\n</invoke>")
 
 
 def _calls_lfm2(calls: list[Call]) -> str:
