@@ -10,6 +10,7 @@ import pytest
 
 from webui_browser import (
     browser_page,
+    choose,
     field,
     make_workspace,
     pick,
@@ -30,19 +31,6 @@ def server(tiny_llama_dir, tmp_path_factory):
         set_job_environment(mp, work)
         with serve(work) as url:
             yield work, url
-
-
-def _choose(page, elem_id: str, value: str) -> None:
-    """Pick a dropdown value and wait until the widget shows it (retrying a lost pick)."""
-    for _ in range(3):
-        pick(page, elem_id, value)
-        try:
-            page.wait_for_function("([id, v]) => document.querySelector(`#${id} input`)"
-                                   "?.value === v", arg=[elem_id, value], timeout=3_000)
-            return
-        except Exception:  # noqa: BLE001 - the pick was lost while the list closed
-            continue
-    raise AssertionError(f"{elem_id}: could not pick {value!r}")
 
 
 def _tab_names(page) -> list[str]:
@@ -100,8 +88,8 @@ def test_hardware_section_runs_two_processes_with_gloo(server):
             field(page, f"cfg-{key}").fill(value)
         page.locator("#hw-section").get_by_text("Hardware").click()
         field(page, "hw-processes").fill("2")
-        _choose(page, "hw-strategy", "ddp")
-        _choose(page, "hw-backend", "gloo")
+        choose(page, "hw-strategy", "ddp")
+        choose(page, "hw-backend", "gloo")
         page.locator("#train-preview").click()
         page.wait_for_function("document.querySelector('#train-cli textarea, #train-cli input')"
                                ".value.startsWith('NPROC_PER_NODE=2 ')")

@@ -106,6 +106,25 @@ def pick(page, elem_id: str, value: str) -> None:
     box.blur()
 
 
+def choose(page, elem_id: str, value: str, attempts: int = 4) -> None:
+    """Pick `value` from a fixed-choice dropdown by clicking its option in the open list,
+    then wait until the widget shows it (a click lost while the list re-renders is retried)."""
+    box = field(page, elem_id)
+    for _ in range(attempts):
+        box.click()
+        option = page.locator(f"#{elem_id}").get_by_role("option", name=value, exact=True)
+        try:
+            option.click(timeout=3_000)
+            page.wait_for_function("([id, v]) => document.querySelector(`#${id} input`)"
+                                   "?.value === v", arg=[elem_id, value], timeout=3_000)
+        except Exception:  # noqa: BLE001 - the list closed or re-rendered under the click
+            box.blur()
+            continue
+        box.blur()
+        return
+    raise AssertionError(f"{elem_id}: could not pick {value!r} in {attempts} attempts")
+
+
 def screenshot(page, name: str) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
