@@ -5,7 +5,9 @@
     desirable:   L = w_D * (1 - sigmoid(beta * (r - z)))
     undesirable: L = w_U * (1 - sigmoid(beta * (z - r)))
 
-z estimates KL(pi || ref) and is not differentiated through. `pref_ftx` adds the mean
+z estimates KL(pi || ref) and is not differentiated through; with several ranks it is the
+mean over the mismatched completions of all ranks (one all-reduce of sum and count, as in
+the paper and TRL), so 2 ranks of B items give the z of one process with 2B. `pref_ftx` adds the mean
 negative token log-prob of desirable answers.
 """
 
@@ -15,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -26,8 +29,14 @@ class KtoSettings:
 
 
 def kto_kl(kl_policy: torch.Tensor, kl_ref: torch.Tensor) -> torch.Tensor:
-    """The batch's KL estimate z (detached, clamped at 0). [P], [P] -> scalar."""
-    return (kl_policy - kl_ref).mean().clamp(min=0).detach()
+    """The batch's KL estimate z (detached, clamped at 0), over every rank's mismatched
+    completions when a process group is up. [P], [P] -> scalar."""
+    diff = (kl_policy - kl_ref).detach().double()
+    total = torch.stack([diff.sum(), torch.tensor(float(diff.numel()), dtype=torch.float64,
+                                                   device=diff.device)])
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(total)  # every rank runs every micro-batch (fillers too): same count
+    return (total[0] / total[1].clamp(min=1)).clamp(min=0).to(kl_policy.dtype)
 
 
 def kto_losses(policy: torch.Tensor, ref: torch.Tensor, desirable: torch.Tensor,
