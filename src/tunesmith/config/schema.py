@@ -133,7 +133,7 @@ class DataConfig:
 class FinetuningConfig:
     stage: Stage = opt("sft", "Training stage: sft (supervised fine-tuning), pt (plain text), "
                               "dpo (preference pairs), kto (labelled answers), rm (reward "
-                              "model); ppo is not available yet.")
+                              "model), ppo (reinforcement learning from a reward model).")
     finetuning_type: FinetuningType = opt("lora", "lora, freeze (train the last layers) or full.")
     lora_rank: int = opt(8, "LoRA rank r.", minimum=1)
     lora_alpha: float = opt(0, "LoRA alpha (0: twice the rank).", minimum=0)
@@ -278,6 +278,7 @@ class EvalConfig:
 
 # Sections in their own modules that import `opt` from here come after it.
 from tunesmith.config.multimodal import MultimodalConfig  # noqa: E402
+from tunesmith.config.ppo_keys import PpoConfig  # noqa: E402
 from tunesmith.config.preference import PreferenceConfig  # noqa: E402
 
 
@@ -299,6 +300,7 @@ class Config:
     vocab: VocabConfig = field(default_factory=VocabConfig)
     template: TemplateConfig = field(default_factory=TemplateConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    ppo: PpoConfig = field(default_factory=PpoConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -310,7 +312,7 @@ class Config:
 
 SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "speed",
             "multimodal", "optim", "method", "run", "infer", "export_quant", "vocab",
-            "template", "preference")
+            "template", "preference", "ppo")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:
