@@ -11,6 +11,7 @@ adapter + value_head.safetensors in output_dir (LLaMA-Factory's layout).
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from functools import partial
 from pathlib import Path
@@ -121,6 +122,16 @@ def build_reward(cfg: Config, model: torch.nn.Module, tokenizer: Any,
     return HeadReward(rm, read_value_head(source, rm.config.hidden_size, "reward_model"), pad)
 
 
+def ppo_plan(cfg: Config, tokenizer: Any, model: torch.nn.Module) -> PpoPlan:
+    """The PPO keys, and generation from the eval section's keys (as LLaMA-Factory)."""
+    p, e = cfg.ppo, cfg.eval
+    sampling = Sampling(e.max_new_tokens, e.do_sample, e.temperature, e.top_p, e.top_k,
+                        e.repetition_penalty)
+    return PpoPlan(p.ppo_buffer_size, p.ppo_epochs, p.ppo_score_norm, p.ppo_target,
+                   PpoSettings(whiten_rewards=p.ppo_whiten_rewards), sampling,
+                   stop_token_ids(tokenizer, model), tokenizer.pad_token_id)
+
+
 def run_ppo(cfg: Config) -> dict[str, Any]:
     """Train stage ppo under output_dir's lock (one process)."""
     if distributed_env()["world_size"] > 1:
@@ -151,7 +162,7 @@ def _load_prompts(cfg: Config, tokenizer: Any, out: Path) -> tuple[list[list[int
 
 
 def _run_ppo(cfg: Config) -> dict[str, Any]:
-    m, t, p, e = cfg.model, cfg.training, cfg.ppo, cfg.eval
+    m, t = cfg.model, cfg.training
     started = time.perf_counter()
     ctx = init_distributed(t.device, t.ddp_backend, t.ddp_timeout)
     out = check_output_dir(cfg)
@@ -164,27 +175,21 @@ def _run_ppo(cfg: Config) -> dict[str, Any]:
     model, _ = build_model(cfg, model_path, ctx.device, vocab=(tokenizer, described))
     head = attach_value_head(model, model.config.hidden_size, t.seed)
     reward = build_reward(cfg, model, tokenizer, ctx.device)
-    sampling = Sampling(e.max_new_tokens, e.do_sample, e.temperature, e.top_p, e.top_k,
-                        e.repetition_penalty)
-    plan = PpoPlan(p.ppo_buffer_size, p.ppo_epochs, p.ppo_score_norm, p.ppo_target,
-                   PpoSettings(whiten_rewards=p.ppo_whiten_rewards), sampling,
-                   stop_token_ids(tokenizer, model), tokenizer.pad_token_id)
-    save = partial(_save_model, model=model, tokenizer=tokenizer,
+    save = partial(_save_policy, model=model, tokenizer=tokenizer,
                    template_source=template_source, cfg=cfg,
                    save_extra=lambda folder: save_value_head(head, Path(folder)))
     metrics = MetricsLog(out / METRICS_FILE, t.report_to, out, cfg.run.logging_dir,
                          cfg.run.run_name)
-    trainer = PpoTrainer(model, head, reward, prompts, t, plan, device=ctx.device,
-                         metrics=metrics, optim=cfg.optim, disable_tqdm=cfg.run.disable_tqdm,
-                         save_checkpoint=save, output_dir=out)
+    trainer = PpoTrainer(model, head, reward, prompts, t, ppo_plan(cfg, tokenizer, model),
+                         device=ctx.device, metrics=metrics, optim=cfg.optim,
+                         disable_tqdm=cfg.run.disable_tqdm, save_checkpoint=save,
+                         output_dir=out)
     try:
         result = trainer.run()
     finally:
         metrics.close()
         if t.plot_loss:
             plot_loss(out / METRICS_FILE, out / LOSS_PLOT_FILE)
-    if REWARD_ADAPTER in getattr(model, "peft_config", {}):
-        model.delete_adapter(REWARD_ADAPTER)  # the output holds the policy's adapter only
     save(out)
     summary = {"run_name": cfg.run.run_name or out.name, "stage": "ppo", **result,
                "prompts": len(prompts), "data": report.summary(),
@@ -193,3 +198,10 @@ def _run_ppo(cfg: Config) -> dict[str, Any]:
     print(f"ppo: {result['steps']} steps, last reward {result['last'].get('reward')}; "
           f"saved to {out}")
     return summary
+
+
+def _save_policy(folder: Path, **kw: Any) -> None:
+    """The policy's adapter, tokenizer and value head; PEFT writes every loaded adapter, so
+    the reward adapter's copy (a subfolder named after it) is removed: it is an input."""
+    _save_model(folder, **kw)
+    shutil.rmtree(folder / REWARD_ADAPTER, ignore_errors=True)

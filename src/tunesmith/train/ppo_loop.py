@@ -19,6 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from tqdm.auto import tqdm
 
 from tunesmith.config.optim_keys import OptimConfig
 from tunesmith.config.schema import TrainingConfig
+from tunesmith.errors import ConfigError
 from tunesmith.models.loader import split_causal_lm
 from tunesmith.train.metrics import MetricsLog
 from tunesmith.train.objectives.ppo import (
@@ -101,6 +103,15 @@ class PpoTrainer:
         self.kl_ctl = AdaptiveKl(target=plan.kl_target)
         self.moments = RunningMoments()
         self.skipped = 0  # micro-batches skipped for a runaway probability ratio
+        if device.type == "cuda" and cfg.fp16:
+            raise ConfigError("fp16: stage ppo on GPU supports bf16 or fp32 only (no loss "
+                              "scaling in its loop yet); set bf16: true instead")
+
+    def autocast(self) -> AbstractContextManager:
+        """bf16 autocast on GPU when bf16 is set (the frozen base is bf16 there)."""
+        if self.device.type == "cuda" and self.cfg.bf16:
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return nullcontext()
 
     # ----- prompts ---------------------------------------------------------------------
     def step_prompts(self, step: int) -> list[list[int]]:
@@ -113,6 +124,10 @@ class PpoTrainer:
     # ----- rollouts --------------------------------------------------------------------
     @torch.no_grad()
     def collect(self, queries: list[list[int]]) -> Rollouts:
+        with self.autocast():
+            return self._collect(queries)
+
+    def _collect(self, queries: list[list[int]]) -> Rollouts:
         self.model.eval()
         p = self.plan
         responses: list[list[int]] = []
@@ -165,7 +180,8 @@ class PpoTrainer:
         def pick(x: torch.Tensor) -> torch.Tensor:
             return x.index_select(0, sel)[:, :width]
 
-        logprobs, vpreds, _ = response_logprobs_values(self.model, self.value_head, seqs)
+        with self.autocast():
+            logprobs, vpreds, _ = response_logprobs_values(self.model, self.value_head, seqs)
         loss, stats = ppo_loss(logprobs, vpreds, pick(r.logprobs), pick(r.values),
                                pick(r.advantages), pick(r.returns), seqs.mask,
                                self.plan.settings)
