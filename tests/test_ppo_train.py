@@ -188,6 +188,10 @@ def test_clear_errors(tmp_path, tiny_llama_dir):
         run_stage(load_config(overrides=base))
     with pytest.raises(ConfigError, match="finetuning_type: 'full' with stage ppo"):
         run_stage(load_config(overrides={**base, "reward_model": "r", "finetuning_type": "full"}))
+    write_alpaca(tmp_path / "a.json", 4)
+    with pytest.raises(ConfigError, match="gave no prompts for stage ppo"):  # all trained
+        run_stage(load_config(overrides={**base, "reward_model": "r", "train_on_prompt": True,
+                                         "dataset": str(tmp_path / "a.json")}))
     from tunesmith.train.ppo_reward import ApiReward
 
     api = ApiReward("http://127.0.0.1:9/score", lambda ids: "text", timeout_s=5)

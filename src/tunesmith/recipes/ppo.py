@@ -11,6 +11,7 @@ adapter + value_head.safetensors in output_dir (LLaMA-Factory's layout).
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import time
 from functools import partial
@@ -47,6 +48,8 @@ from tunesmith.train.ppo_reward import (
 )
 from tunesmith.train.ppo_rollout import Sampling
 from tunesmith.train.run_setup import extend_vocab, load_options
+
+log = logging.getLogger(__name__)
 
 
 def check_ppo_config(cfg: Config) -> None:
@@ -155,9 +158,14 @@ def _load_prompts(cfg: Config, tokenizer: Any, out: Path) -> tuple[list[list[int
     renderer = make_renderer(template_name, template_source, tokenizer, cfg.template)
     data = prepare_data(cfg.data, DataContext(renderer, tokenizer, t.seed, "ppo",
                                               t.overwrite_cache, None, m.model_name_or_path))
-    prompts = [prompt_ids(s) for s in data.train]
+    every = [prompt_ids(s) for s in data.train]
+    prompts = [q for q in every if q]
+    if len(prompts) < len(every):  # an answer with no prompt before it: nothing to ask
+        log.warning("stage ppo: %d of %d samples have no prompt before their answer and are "
+                    "left out", len(every) - len(prompts), len(every))
     if not prompts:
-        raise ConfigError(f"dataset: {cfg.data.dataset} gave no prompts for stage ppo")
+        raise ConfigError(f"dataset: {cfg.data.dataset} gave no prompts for stage ppo (every "
+                          "sample starts with its answer); use a dataset with instructions")
     return prompts, (template_source, data.report)
 
 
