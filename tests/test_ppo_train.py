@@ -160,7 +160,7 @@ def test_reward_adapter_scores_like_a_separately_loaded_one(tiny_llama_dir, rewa
     assert {n for n, p in policy.named_parameters() if p.requires_grad} == trainable
 
 
-def test_full_reward_model_through_the_cli(tmp_path, tiny_llama_dir):
+def test_full_reward_model_through_the_cli(tmp_path, tiny_llama_dir, reward_adapter):
     data = tmp_path / "data"
     data.mkdir()
     write_alpaca(data / "alpaca.json", 8)
@@ -179,6 +179,12 @@ def test_full_reward_model_through_the_cli(tmp_path, tiny_llama_dir):
                  "ppo_whiten_rewards=true", "ppo_target=1.0", *common]) == 0
     records = _records(tmp_path / "ppo")
     assert len(records) == 1 and records[0]["reward"] != 0
+    # the base + reward_model_adapters (merged; the value head from the last adapter)
+    assert main(["train", "stage=ppo", "dataset=alpaca", "reward_model_type=full",
+                 f"reward_model={tiny_llama_dir}", f"reward_model_adapters={reward_adapter}",
+                 f"output_dir={tmp_path / 'ppo2'}", "max_new_tokens=4", "ppo_epochs=1",
+                 *common]) == 0
+    assert len(_records(tmp_path / "ppo2")) == 1
 
 
 def test_clear_errors(tmp_path, tiny_llama_dir):
@@ -187,10 +193,20 @@ def test_clear_errors(tmp_path, tiny_llama_dir):
     with pytest.raises(ConfigError, match="reward_model: not set"):
         run_stage(load_config(overrides=base))
     with pytest.raises(ConfigError, match="finetuning_type: 'full' with stage ppo"):
-        run_stage(load_config(overrides={**base, "reward_model": "r", "finetuning_type": "full"}))
+        run_stage(load_config(overrides={**base, "reward_model": "r", "finetuning_type": "full",
+                                         "reward_model_type": "full"}))
+    with pytest.raises(ConfigError) as err:
+        run_stage(load_config(overrides={**base, "reward_model": "r",
+                                         "reward_model_quantization_bit": 4,
+                                         "reward_model_adapters": "a"}))
+    assert "reward_model_quantization_bit: 4 is not supported yet" in str(err.value)
+    assert "reward_model_adapters: set, but reward_model_type is 'lora'" in str(err.value)
+    with pytest.raises(ConfigError, match="reward_model: '.*/r' has no value_head"):
+        run_stage(load_config(overrides={**base, "reward_model": str(tmp_path / "r")}))
     write_alpaca(tmp_path / "a.json", 4)
     with pytest.raises(ConfigError, match="gave no prompts for stage ppo"):  # all trained
-        run_stage(load_config(overrides={**base, "reward_model": "r", "train_on_prompt": True,
+        run_stage(load_config(overrides={**base, "reward_model": "http://127.0.0.1:9/score",
+                                         "reward_model_type": "api", "train_on_prompt": True,
                                          "dataset": str(tmp_path / "a.json")}))
     from tunesmith.train.ppo_reward import ApiReward
 

@@ -34,7 +34,13 @@ from tunesmith.errors import ConfigError
 from tunesmith.models.loader import load_causal_lm, load_tokenizer
 from tunesmith.models.provision import resolve_model_path
 from tunesmith.recipes.sft import _save_model, build_model, check_output_dir
-from tunesmith.runs.folder import LOSS_PLOT_FILE, METRICS_FILE, SUMMARY_FILE, lock_run_folder
+from tunesmith.runs.folder import (
+    LOSS_PLOT_FILE,
+    METRICS_FILE,
+    SUMMARY_FILE,
+    VALUE_HEAD_FILE,
+    lock_run_folder,
+)
 from tunesmith.train.metrics import MetricsLog, plot_loss
 from tunesmith.train.objectives.ppo import PpoSettings
 from tunesmith.train.objectives.reward import attach_value_head, save_value_head
@@ -66,6 +72,12 @@ def check_ppo_config(cfg: Config) -> None:
     if p.reward_model_quantization_bit:
         problems.append(f"reward_model_quantization_bit: {p.reward_model_quantization_bit} is "
                         "not supported yet; remove it (the reward model loads unquantised)")
+    rm_folder = Path(p.reward_model)
+    if (p.reward_model and p.reward_model_type == "lora"
+            and not (rm_folder / VALUE_HEAD_FILE).is_file()):
+        problems.append(f"reward_model: {p.reward_model!r} has no {VALUE_HEAD_FILE}; with "
+                        "reward_model_type: lora it is the output folder of a `stage: rm` "
+                        "LoRA run (adapter + value head)")
     if p.reward_model_adapters and p.reward_model_type != "full":
         problems.append("reward_model_adapters: set, but reward_model_type is "
                         f"{p.reward_model_type!r}; they apply to reward_model_type: full")
