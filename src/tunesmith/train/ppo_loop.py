@@ -150,12 +150,15 @@ class PpoTrainer:
                         queries, responses)
 
     # ----- optimisation ----------------------------------------------------------------
-    def optimise(self, r: Rollouts) -> dict[str, float]:
+    def optimise(self, r: Rollouts, step: int = 0) -> dict[str, float]:
+        """ppo_epochs passes over the rollouts in shuffled micro-batches (a pure function of
+        seed, step and epoch); returns the mean statistics."""
         self.model.train()
         sums: dict[str, float] = {}
         count, n = 0, len(r.queries)
         for epoch in range(self.plan.ppo_epochs):
-            g = torch.Generator().manual_seed(self.cfg.seed * 7919 + epoch)
+            g = torch.Generator().manual_seed(
+                self.cfg.seed * 7919 + step * self.plan.ppo_epochs + epoch)
             order = torch.randperm(n, generator=g).tolist()
             micro = [order[i:i + self.bs] for i in range(0, n, self.bs)]
             for k, idx in enumerate(micro):
@@ -212,7 +215,7 @@ class PpoTrainer:
         start, last = time.perf_counter(), {}
         for step in range(self.total_steps):
             rollouts = self.collect(self.step_prompts(step))
-            stats = self.optimise(rollouts)
+            stats = self.optimise(rollouts, step)
             kl = float(rollouts.kl.mean())
             self.kl_ctl.update(kl, len(rollouts.queries))
             self.scheduler.step()
