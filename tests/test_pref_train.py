@@ -103,7 +103,7 @@ def test_kto_and_reward_model(env):
 
 
 @pytest.mark.parametrize("keys,message", [
-    ({"stage": "ppo"}, "stage: 'ppo' is not available yet"),
+    ({"stage": "ppo"}, "reward_model: not set; stage ppo needs the reward model"),
     ({"pref_loss": "hinge", "dpo_label_smoothing": 0.1},
      "dpo_label_smoothing: 0.1 applies to pref_loss sigmoid only"),
     ({"ref_model_adapters": "some/adapter"}, "ref_model_adapters: set, but ref_model is empty"),
