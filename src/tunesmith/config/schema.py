@@ -265,15 +265,19 @@ class EvalConfig:
     predict_with_generate: bool = opt(
         False, "eval: generate an answer for every prompt of eval_dataset (or dataset) into "
         "output_dir/generated_predictions.jsonl and score BLEU-4 and ROUGE-1/2/L.")
-    max_new_tokens: int = opt(1024, "Predictions: most tokens generated per prompt.", minimum=1)
-    do_sample: bool = opt(True, "Predictions: sample (true) or decode greedily (false).")
-    temperature: float = opt(0.95, "Predictions: sampling temperature.", minimum=0,
-                             exclusive_min=True)
-    top_p: float = opt(0.7, "Predictions: nucleus sampling mass.", minimum=0, maximum=1,
-                       exclusive_min=True)
-    top_k: int = opt(50, "Predictions: sample among the k likeliest tokens (0: off).", minimum=0)
-    repetition_penalty: float = opt(1.0, "Predictions: penalty on repeated tokens (1: off).",
-                                    minimum=0, exclusive_min=True)
+    # generation keys: eval predictions and stage ppo's rollouts
+    max_new_tokens: int = opt(1024, "Predictions, ppo rollouts: most tokens generated per "
+                                    "prompt.", minimum=1)
+    do_sample: bool = opt(True, "Predictions, ppo rollouts: sample (true) or decode greedily "
+                                "(false).")
+    temperature: float = opt(0.95, "Predictions, ppo rollouts: sampling temperature.",
+                             minimum=0, exclusive_min=True)
+    top_p: float = opt(0.7, "Predictions, ppo rollouts: nucleus sampling mass.", minimum=0,
+                       maximum=1, exclusive_min=True)
+    top_k: int = opt(50, "Predictions, ppo rollouts: sample among the k likeliest tokens "
+                         "(0: off).", minimum=0)
+    repetition_penalty: float = opt(1.0, "Predictions, ppo rollouts: penalty on repeated "
+                                         "tokens (1: off).", minimum=0, exclusive_min=True)
 
 
 # Sections in their own modules that import `opt` from here come after it.
