@@ -11,6 +11,7 @@ values of (query, response) sequences.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -51,12 +52,12 @@ def generate_responses(model: torch.nn.Module, queries: list[list[int]], s: Samp
     seen.scatter_(1, ids, mask.bool())
     out: list[list[int]] = [[] for _ in queries]
     done = [False] * len(queries)
-    cache = None
+    cache, key = None, cache_argument(model)
     step_ids, step_pos = ids, positions
     for _ in range(s.max_new_tokens):
         res = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
-        cache = res.past_key_values
+                    use_cache=True, logits_to_keep=1, **{key: cache})
+        cache = getattr(res, key)
         chosen = choose_tokens(res.logits[:, -1], rows, seen)
         for i, tok in enumerate(chosen):
             if not done[i]:
@@ -69,6 +70,14 @@ def generate_responses(model: torch.nn.Module, queries: list[list[int]], s: Samp
         step_pos = step_pos[:, -1:] + 1
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
     return out
+
+
+def cache_argument(model: torch.nn.Module) -> str:
+    """The KV cache's argument (and output field) name: `cache` from transformers 5.2x on,
+    `past_key_values` before."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = inspect.signature(base.forward).parameters
+    return "cache" if "cache" in names else "past_key_values"
 
 
 def _vocab(model: torch.nn.Module) -> int:
