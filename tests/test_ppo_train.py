@@ -117,12 +117,15 @@ def test_llamafactory_ppo_example_runs(tmp_path, tiny_llama_dir, reward_adapter)
                  f"model_name_or_path={tiny_llama_dir}", "template=", f"dataset_dir={data}",
                  f"output_dir={out}", f"reward_model={reward_adapter}", "max_steps=2",
                  "max_new_tokens=6", "logging_steps=1", "preprocessing_num_workers=1",
-                 "dataloader_num_workers=0", "gradient_accumulation_steps=2"])
+                 "dataloader_num_workers=0", "gradient_accumulation_steps=2", "save_steps=1"])
     assert code == 0
     records = _records(out)
     assert [r["step"] for r in records] == [1, 2]
     assert all(abs(r["reward"]) > 0 for r in records)  # the reward head's scores
-    assert not (out / "reward").exists()  # only the policy's adapter is saved
+    for folder in (out, out / "checkpoint-1"):  # LLaMA-Factory's layout, in checkpoints too
+        assert (folder / "adapter_model.safetensors").is_file()
+        assert (folder / "value_head.safetensors").is_file()
+        assert not (folder / "reward").exists()  # only the policy's adapter is saved
     cfg = json.loads((out / "adapter_config.json").read_text())
     assert cfg["r"] == 8
     assert (out / "value_head.safetensors").is_file()
