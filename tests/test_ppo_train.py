@@ -131,6 +131,16 @@ def test_llamafactory_ppo_example_runs(tmp_path, tiny_llama_dir, reward_adapter)
     assert (out / "value_head.safetensors").is_file()
     resolved = yaml.safe_load((out / "config.resolved.yaml").read_text())
     assert resolved["top_p"] == 0.9 and resolved["top_k"] == 0  # the example's generate keys
+    # continuing from this output (adapter_name_or_path) starts from its value head
+    again = tmp_path / "again"
+    assert main(["train", str(FIXTURES / "lf_pref" / "llama3_lora_ppo.yaml"),
+                 f"model_name_or_path={tiny_llama_dir}", "template=", f"dataset_dir={data}",
+                 f"output_dir={again}", f"reward_model={reward_adapter}", "max_steps=1",
+                 "max_new_tokens=4", "preprocessing_num_workers=1", "learning_rate=1e-12",
+                 f"adapter_name_or_path={out}", "gradient_accumulation_steps=1"]) == 0
+    before = load_file(str(out / "value_head.safetensors"))
+    after = load_file(str(again / "value_head.safetensors"))
+    assert all(torch.allclose(before[k], after[k], atol=1e-6) for k in before)
 
 
 def test_reward_adapter_scores_like_a_separately_loaded_one(tiny_llama_dir, reward_adapter):

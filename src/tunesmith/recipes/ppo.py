@@ -43,7 +43,11 @@ from tunesmith.runs.folder import (
 )
 from tunesmith.train.metrics import MetricsLog, plot_loss
 from tunesmith.train.objectives.ppo import PpoSettings
-from tunesmith.train.objectives.reward import attach_value_head, save_value_head
+from tunesmith.train.objectives.reward import (
+    attach_value_head,
+    load_value_head,
+    save_value_head,
+)
 from tunesmith.train.ppo_loop import PpoPlan, PpoTrainer
 from tunesmith.train.ppo_reward import (
     REWARD_ADAPTER,
@@ -108,6 +112,16 @@ def stop_token_ids(tokenizer: Any, model: torch.nn.Module) -> frozenset[int]:
     gen = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids.update(gen if isinstance(gen, list) else [gen])
     return frozenset(int(i) for i in ids if i is not None)
+
+
+def load_saved_value_head(head: torch.nn.Module, folder: Path) -> None:
+    """Continue from a saved value head (a previous ppo output named in
+    adapter_name_or_path, or beside the model), as LLaMA-Factory does; else keep the new one."""
+    if not (folder / VALUE_HEAD_FILE).is_file():
+        return
+    saved = load_value_head(folder, head.summary.in_features)
+    head.load_state_dict(saved.state_dict())
+    log.info("stage ppo: value head loaded from %s", folder / VALUE_HEAD_FILE)
 
 
 def build_reward(cfg: Config, model: torch.nn.Module, tokenizer: Any,
@@ -194,6 +208,7 @@ def _run_ppo(cfg: Config) -> dict[str, Any]:
     dump_config(cfg, out / "config.resolved.yaml")
     model, _ = build_model(cfg, model_path, ctx.device, vocab=(tokenizer, described))
     head = attach_value_head(model, model.config.hidden_size, t.seed)
+    load_saved_value_head(head, Path((m.adapter_name_or_path or [model_path])[-1]))
     reward = build_reward(cfg, model, tokenizer, ctx.device)
     save = partial(_save_policy, model=model, tokenizer=tokenizer,
                    template_source=template_source, cfg=cfg,
