@@ -44,8 +44,10 @@ def _write_data(data: Path) -> None:
                 "columns": {"messages": "messages", "kto_tag": "label"},
                 "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user",
                          "assistant_tag": "assistant"}}
+    (data / "pairs11.json").write_text(json.dumps(rows[:11]))
     (data / "dataset_info.json").write_text(json.dumps(
-        {"pairs": {"file_name": "pairs.json", "ranking": True}, "kto": kto_info}))
+        {"pairs": {"file_name": "pairs.json", "ranking": True}, "kto": kto_info,
+         "pairs11": {"file_name": "pairs11.json", "ranking": True}}))
 
 
 @pytest.fixture(scope="module")
@@ -53,11 +55,17 @@ def runs(tmp_path_factory, tiny_llama_dir):
     root = tmp_path_factory.mktemp("prefdist")
     _write_data(root / "data")
     kto = {"stage": "kto", "dataset": "kto", "learning_rate": 0.5}
+    ragged = {"dataset": "pairs11", "max_steps": 0, "num_train_epochs": 1}
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("TUNESMITH_CACHE", str(root / "cache"))
         run_stage(load_config(overrides=_keys(root, tiny_llama_dir, "one", 2)))
         run_stage(load_config(overrides=_keys(root, tiny_llama_dir, "kto-one", 2, **kto)))
-    specs = [_keys(root, tiny_llama_dir, "two", 1),
+        # 11 pairs in steps of 4 micro-batches: the last step has 3, so rank 1's second
+        # micro-batch is a weight-0 filler whose rewards must stay out of the metrics
+        run_stage(load_config(overrides=_keys(root, tiny_llama_dir, "acc-one", 1,
+                                              **ragged, gradient_accumulation_steps=4)))
+    specs = [_keys(root, tiny_llama_dir, "acc-two", 1, **ragged, gradient_accumulation_steps=2),
+             _keys(root, tiny_llama_dir, "two", 1),
              _keys(root, tiny_llama_dir, "fsdp", 1, fsdp="full_shard"),
              _keys(root, tiny_llama_dir, "kto-two", 1, **kto)]
     if _has_deepspeed():
@@ -75,14 +83,16 @@ def _metrics(out: Path) -> list[dict]:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="torchrun with gloo on Linux")
-@pytest.mark.parametrize("run", ["two", "fsdp", "z3"])
+@pytest.mark.parametrize("run", ["two", "fsdp", "z3", "acc-two"])
 def test_dpo_two_ranks_equal_one_process(runs, run):
     if run == "z3":  # deepspeed is in the dev extra (it installs without its CUDA ops)
         assert _has_deepspeed(), "deepspeed is missing: pip install -e '.[dev]'"
-    assert _max_diff(runs / "one" / ADAPTER, runs / run / ADAPTER) < 1e-5
-    moved = load_file(str(runs / "one" / ADAPTER))
+    ref = "acc-one" if run == "acc-two" else "one"
+    assert _max_diff(runs / ref / ADAPTER, runs / run / ADAPTER) < 1e-5
+    moved = load_file(str(runs / ref / ADAPTER))
     assert max(t.abs().max().item() for k, t in moved.items() if "lora_B" in k) > 1e-4
-    one, two = _metrics(runs / "one"), _metrics(runs / run)
+    one, two = _metrics(runs / ref), _metrics(runs / run)
+    assert len(one) == len(two) == 3
     for key in ("loss", "rewards/margins", "rewards/accuracies"):
         assert [r[key] for r in two] == pytest.approx([r[key] for r in one], abs=1e-5)
 

@@ -40,6 +40,9 @@ class Batch:
     pixel_values_videos: torch.Tensor | None = None  # [N', D]
     video_grid_thw: torch.Tensor | None = None  # [n_videos, 3] int64
     mrope_position_ids: torch.Tensor | None = None  # [3, B, T] int64, per sample
+    # False: a weight-0 filler shard of a distributed step; objectives keep it out of their
+    # statistics (metric means, KTO's KL estimate) but still take part in collectives
+    live: bool = True
 
     def to(self, device: torch.device) -> Batch:
         nb = device.type == "cuda"

@@ -165,7 +165,8 @@ class Trainer:
             with self.strategy.micro_context(last=i == len(micro) - 1):
                 with self._autocast(), activation_offload(self.cfg.gradient_checkpointing,
                                                           self.device):
-                    loss_sum = self.strategy.loss_module(batch.to(self.device))
+                    loss_sum = self.strategy.loss_module(_with_live(batch.to(self.device),
+                                                                    ok))
                 scaled = loss_sum * (factor if ok else 0.0)  # a filler shard adds nothing
                 self.strategy.backward(self.scaler.scale(scaled) if self.scaler else scaled)
             total += scaled.detach().float()
@@ -218,7 +219,8 @@ class Trainer:
         plan = [list(range(i, min(i + bs, len(self.val)))) for i in range(0, len(self.val), bs)]
         total, count = 0.0, 0
         for shard in shard_step(plan, self.ctx.rank, self.world):
-            batch = collate([self.val[i] for i in shard.indices], self.pad_id).to(self.device)
+            batch = _with_live(collate([self.val[i] for i in shard.indices],
+                                       self.pad_id).to(self.device), shard.live)
             with self._autocast():
                 loss = float(self.strategy.loss_module(batch))
             if shard.live:
@@ -389,6 +391,11 @@ class Trainer:
             self.best.observe(self.state.step, loss)
             tqdm.write(f"step {self.state.step}: eval loss {loss:.4f} (perplexity {ppl:.2f})")
         return loss
+
+
+def _with_live(batch: Batch, live: bool) -> Batch:
+    batch.live = live  # a filler's statistics stay out of the objective's sums
+    return batch
 
 
 def _amp_dtype(cfg: TrainingConfig, device: torch.device) -> torch.dtype | None:

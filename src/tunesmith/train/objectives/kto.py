@@ -28,12 +28,13 @@ class KtoSettings:
     ftx: float = 0.0
 
 
-def kto_kl(kl_policy: torch.Tensor, kl_ref: torch.Tensor) -> torch.Tensor:
+def kto_kl(kl_policy: torch.Tensor, kl_ref: torch.Tensor, live: bool = True) -> torch.Tensor:
     """The batch's KL estimate z (detached, clamped at 0), over every rank's mismatched
-    completions when a process group is up. [P], [P] -> scalar."""
-    diff = (kl_policy - kl_ref).detach().double()
-    total = torch.stack([diff.sum(), torch.tensor(float(diff.numel()), dtype=torch.float64,
-                                                   device=diff.device)])
+    completions when a process group is up; a filler shard (`live` False) adds nothing.
+    [P], [P] -> scalar."""
+    diff = (kl_policy - kl_ref).detach().double() * float(live)
+    total = torch.stack([diff.sum(), torch.tensor(float(diff.numel() * live),
+                                                   dtype=torch.float64, device=diff.device)])
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(total)  # every rank runs every micro-batch (fillers too): same count
     return (total[0] / total[1].clamp(min=1)).clamp(min=0).to(kl_policy.dtype)

@@ -33,10 +33,11 @@ class _Base:
     def drain_metrics(self, split: str) -> dict[str, tuple[float, int]]:
         return self.stats.drain(split)
 
-    def _log(self, model: torch.nn.Module, **values: torch.Tensor) -> None:
+    def _log(self, model: torch.nn.Module, batch: PreferenceBatch,
+             **values: torch.Tensor) -> None:
         split = "train" if model.training else "eval"
         for name, v in values.items():
-            self.stats.add(split, name, v)
+            self.stats.add(split, name, v, live=batch.live)
 
 
 class DpoObjective(_Base):
@@ -72,7 +73,7 @@ class DpoObjective(_Base):
                 rc, rr = ref[batch.chosen_pos], ref[batch.rejected_pos]
         chosen_avg = (sums / n)[batch.chosen_pos]
         losses, rew_c, rew_r = pair_losses(pc, pr, rc, rr, chosen_avg, s)
-        self._log(model, **{"rewards/chosen": rew_c, "rewards/rejected": rew_r,
+        self._log(model, batch, **{"rewards/chosen": rew_c, "rewards/rejected": rew_r,
                             "rewards/margins": rew_c - rew_r,
                             "rewards/accuracies": (rew_c > rew_r).float(),
                             "logps/chosen": pc.detach(), "logps/rejected": pr.detach()})
@@ -93,12 +94,12 @@ class KtoObjective(_Base):
             assert self.reference is not None
             ref = self.reference.logps(model, batch, self.logps)
             ref_answer, ref_kl = ref[answer], ref[kl_pos]
-        kl = kto_kl(sums[kl_pos].detach(), ref_kl)
+        kl = kto_kl(sums[kl_pos].detach(), ref_kl, live=batch.live)
         avg = (sums / batch.seq_tokens.clamp(min=1))[answer]
         losses, rewards = kto_losses(sums[answer], ref_answer, batch.desirable, kl, avg,
                                      self.settings)
         d = batch.desirable
-        self._log(model, **{"kl": kl.reshape(1), "rewards/chosen": rewards[d],
+        self._log(model, batch, **{"kl": kl.reshape(1), "rewards/chosen": rewards[d],
                             "rewards/rejected": rewards[~d]})
         return losses.sum()
 
@@ -109,7 +110,7 @@ class RewardObjective(_Base):
     def loss_sum(self, model: torch.nn.Module, batch: PreferenceBatch) -> torch.Tensor:
         scores = self.scores(model, batch)  # [S]
         sc, sr = scores[batch.chosen_pos], scores[batch.rejected_pos]
-        self._log(model, **{"rewards/chosen": sc.detach(), "rewards/rejected": sr.detach(),
+        self._log(model, batch, **{"rewards/chosen": sc.detach(), "rewards/rejected": sr.detach(),
                             "rewards/accuracies": (sc > sr).float()})
         return pairwise_losses(sc, sr).sum()
 
