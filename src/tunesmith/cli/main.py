@@ -29,6 +29,13 @@ read their options from a YAML (the command line wins).
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        from tunesmith.cli.launcher_args import move_launcher_args
+
+        argv = move_launcher_args(argv)  # deepspeed's launcher: --local_rank=N before the verb
+    except TunesmithError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
