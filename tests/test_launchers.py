@@ -15,6 +15,7 @@ its loss wrongly would show.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -52,17 +53,13 @@ def _settings(root: Path, name: str, batch: int = 1) -> dict:
            "per_device_train_batch_size": batch, "overwrite_output_dir": True}
 
 
-def _train_yaml(root: Path, name: str) -> Path:
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(_settings(root, name)))
-    return path
-
-
-def _launch(root: Path, name: str, cmd: list[str], **env: str) -> Path:
-    """Run `cmd` (ending in `train`) on a fresh YAML for `name`; the run's output folder."""
-    cfg = _train_yaml(root, name)
-    r = subprocess.run([*cmd, str(cfg)], env=_child_env(root, **env), capture_output=True,
-                       text=True, timeout=240, cwd=root)
+def _launch(root: Path, name: str, cmd: list[str], env: dict | None = None, **keys) -> Path:
+    """Run `cmd` (ending in `train`) on a YAML for `name` (the shared settings plus `keys`)
+    with `env` added to the environment; the run's output folder."""
+    cfg = root / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump({**_settings(root, name), **keys}))
+    r = subprocess.run([*cmd, str(cfg)], env=_child_env(root, **(env or {})),
+                       capture_output=True, text=True, timeout=240, cwd=root)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     (root / f"{name}.log").write_text(r.stdout + r.stderr)
     return root / name
@@ -138,6 +135,21 @@ def test_deepspeed_launcher_starts_two_ranks(ref):
     out = _launch(root, "deepspeed",
                   [str(BIN / "deepspeed"), "--include", "localhost:0,1", "--master_port",
                    str(free_port()), "--module", "tunesmith", "train"],
-                  DS_ACCELERATOR="cpu", LOCAL_SIZE="2")
+                  env={"DS_ACCELERATOR": "cpu", "LOCAL_SIZE": "2"})
     _assert_same_as(ref, out, "ddp")
     assert "--local_rank=1" in (root / "deepspeed.log").read_text()
+
+
+def test_ray_train_two_cpu_workers_equal_one_process(ref):
+    """use_ray with LLaMA-Factory's Ray keys: a local Ray cluster of 2 CPUs, 2 Ray Train
+    workers on gloo; rank 0 alone writes output_dir, Ray its record in ray_storage_path."""
+    assert importlib.util.find_spec("ray"), "ray is missing: pip install -e '.[dev]'"
+    root = ref.parent
+    extra = {"use_ray": True, "ray_num_workers": 2, "ray_run_name": "tiny-ray",
+             "ray_storage_path": str(root / "ray-saves"), "resources_per_worker": {"CPU": 1},
+             "placement_strategy": "SPREAD",
+             "ray_init_kwargs": {"num_cpus": 2, "include_dashboard": False}}
+    out = _launch(root, "ray", [sys.executable, "-m", "tunesmith", "train"], **extra)
+    _assert_same_as(ref, out, "ddp")
+    assert (root / "ray-saves" / "tiny-ray").is_dir()
+    assert f"ray: training finished; output in {out}" in (root / "ray.log").read_text()

@@ -71,6 +71,12 @@ def cmd_train(args: list[str]) -> int:
         from tunesmith.cli.evaluate import cmd_eval  # LF's predict YAMLs: no training data
 
         return cmd_eval(args)
+    from tunesmith.distributed.ray_train import ray_requested
+
+    if ray_requested(cfg):  # use_ray / USE_RAY=1: Ray Train starts the workers
+        from tunesmith.cli.train_ray import train_on_ray
+
+        return train_on_ray(cfg)
     from tunesmith.config.environment import distributed_env, launch_env
     from tunesmith.distributed.launch import gpu_count, processes_to_launch, relaunch, run_recorded
 

@@ -75,6 +75,11 @@ def launch_env() -> LaunchEnv:
     )
 
 
+def ray_env_requested() -> bool:
+    """USE_RAY=1: LLaMA-Factory's switch for Ray Train launching (same as use_ray: true)."""
+    return os.environ.get("USE_RAY", "").lower() in {"1", "true", "yes", "y"}
+
+
 def _int_var(name: str) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:

@@ -279,6 +279,7 @@ class EvalConfig:
 # Sections in their own modules that import `opt` from here come after it.
 from tunesmith.config.multimodal import MultimodalConfig  # noqa: E402
 from tunesmith.config.preference import PreferenceConfig  # noqa: E402
+from tunesmith.config.ray_keys import RayConfig  # noqa: E402
 
 
 @dataclass
@@ -299,6 +300,7 @@ class Config:
     vocab: VocabConfig = field(default_factory=VocabConfig)
     template: TemplateConfig = field(default_factory=TemplateConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def to_flat(self) -> dict[str, Any]:
         """Flat key -> value mapping, as written to config.resolved.yaml."""
@@ -310,7 +312,7 @@ class Config:
 
 SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "speed",
             "multimodal", "optim", "method", "run", "infer", "export_quant", "vocab",
-            "template", "preference")
+            "template", "preference", "ray")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:
