@@ -152,4 +152,6 @@ def test_ray_train_two_cpu_workers_equal_one_process(ref):
     out = _launch(root, "ray", [sys.executable, "-m", "tunesmith", "train"], **extra)
     _assert_same_as(ref, out, "ddp")
     assert (root / "ray-saves" / "tiny-ray").is_dir()
-    assert f"ray: training finished; output in {out}" in (root / "ray.log").read_text()
+    log = (root / "ray.log").read_text()
+    assert "ray: 2 worker(s), 1 CPU each" in log
+    assert f"ray: training finished; output in {out}" in log

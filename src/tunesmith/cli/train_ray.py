@@ -9,8 +9,10 @@ from tunesmith.config.schema import Config
 
 
 def train_on_ray(cfg: Config) -> int:
+    from tunesmith.cli.setup import setup_process
     from tunesmith.distributed.ray_train import run_with_ray
 
+    setup_process(cfg.training.seed)  # the driver: logging for its messages
     run_with_ray(cfg, train_rank)
     print(f"ray: training finished; output in {cfg.training.output_dir}")
     return 0

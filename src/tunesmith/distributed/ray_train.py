@@ -93,8 +93,8 @@ def run_with_ray(cfg: Config, worker: Callable[[Config], dict[str, Any]]) -> Pat
         ray.init(**cfg.ray.ray_init_kwargs)
     try:
         scaling = scaling_of(cfg, ray.cluster_resources())
-        log.info("ray: %d worker(s), %s each", scaling["num_workers"],
-                 scaling["resources_per_worker"])
+        each = ", ".join(f"{v:g} {k}" for k, v in scaling["resources_per_worker"].items())
+        print(f"ray: {scaling['num_workers']} worker(s), {each} each", flush=True)
         backend = None if cfg.training.ddp_backend == "auto" else cfg.training.ddp_backend
         trainer = TorchTrainer(
             _train_worker, train_loop_config={"cfg": cfg, "worker": worker, "cwd": os.getcwd()},
