@@ -84,3 +84,12 @@ def test_missing_ray_names_the_extra(monkeypatch, tmp_path, capsys):
         monkeypatch.delenv(k, raising=False)
     assert main(["train", "use_ray=true", f"output_dir={tmp_path}"]) == 1
     assert "tunesmith[ray]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("keys,use_gpu,expected", [
+    ({}, False, "gloo"), ({}, True, "nccl"), ({"ddp_backend": "gloo"}, True, "gloo"),
+    ({"fsdp": "full_shard,offload"}, True, "cpu:gloo,cuda:nccl")])
+def test_ray_process_group_backend_is_chosen_as_under_torchrun(keys, use_gpu, expected):
+    from tunesmith.distributed.ray_train import _backend
+
+    assert _backend(load_config(overrides=keys), use_gpu) == expected

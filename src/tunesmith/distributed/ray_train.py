@@ -14,7 +14,6 @@ Ray is an optional dependency, imported only here.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,6 @@ from tunesmith.config.environment import launch_env, ray_env_requested
 from tunesmith.config.schema import Config
 from tunesmith.errors import ConfigError, TrainingError
 
-log = logging.getLogger(__name__)
 INSTALL = "pip install 'tunesmith[ray]' (Ray Train: ray[train])"
 
 
@@ -95,7 +93,7 @@ def run_with_ray(cfg: Config, worker: Callable[[Config], dict[str, Any]]) -> Pat
         scaling = scaling_of(cfg, ray.cluster_resources())
         each = ", ".join(f"{v:g} {k}" for k, v in scaling["resources_per_worker"].items())
         print(f"ray: {scaling['num_workers']} worker(s), {each} each", flush=True)
-        backend = None if cfg.training.ddp_backend == "auto" else cfg.training.ddp_backend
+        backend = _backend(cfg, scaling["use_gpu"])
         trainer = TorchTrainer(
             _train_worker, train_loop_config={"cfg": cfg, "worker": worker, "cwd": os.getcwd()},
             torch_config=TorchConfig(backend=backend, timeout_s=cfg.training.ddp_timeout),
@@ -110,6 +108,19 @@ def run_with_ray(cfg: Config, worker: Callable[[Config], dict[str, Any]]) -> Pat
             ray.shutdown()
     print(f"ray: run record in {result.path}", flush=True)
     return Path(result.path)
+
+
+def _backend(cfg: Config, use_gpu: bool) -> str:
+    """The process group's backend, chosen as under torchrun (ddp_backend; gloo beside
+    nccl when FSDP offloads to the CPU)."""
+    import torch
+
+    from tunesmith.distributed.context import pick_backend
+    from tunesmith.distributed.strategy import fsdp_settings
+
+    t = cfg.training
+    offload = bool(t.fsdp) and fsdp_settings(t).cpu_offload
+    return pick_backend(t.ddp_backend, torch.device("cuda" if use_gpu else "cpu"), offload)
 
 
 def _train_worker(config: dict[str, Any]) -> None:
