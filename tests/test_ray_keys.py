@@ -86,10 +86,16 @@ def test_missing_ray_names_the_extra(monkeypatch, tmp_path, capsys):
     assert "tunesmith[ray]" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("keys,use_gpu,expected", [
-    ({}, False, "gloo"), ({}, True, "nccl"), ({"ddp_backend": "gloo"}, True, "gloo"),
-    ({"fsdp": "full_shard,offload"}, True, "cpu:gloo,cuda:nccl")])
-def test_ray_process_group_backend_is_chosen_as_under_torchrun(keys, use_gpu, expected):
-    from tunesmith.distributed.ray_train import _backend
+@pytest.mark.parametrize("keys,cluster,expected", [
+    ({}, CPUS, "gloo"), ({}, GPUS, "nccl"), ({"ddp_backend": "gloo"}, GPUS, "gloo"),
+    ({"fsdp": "full_shard,offload"}, GPUS, "cpu:gloo,cuda:nccl")])
+def test_ray_trainer_gets_the_backend_torchrun_would_use(keys, cluster, expected, tmp_path):
+    pytest.importorskip("ray.train", reason="the ray extra is not installed")
+    from tunesmith.distributed.ray_train import trainer_kwargs
 
-    assert _backend(load_config(overrides=keys), use_gpu) == expected
+    cfg = load_config(overrides={"ddp_timeout": 77, "ray_run_name": "r",
+                                 "ray_storage_path": str(tmp_path), **keys})
+    kw = trainer_kwargs(cfg, cluster, worker=print)
+    assert (kw["torch_config"].backend, kw["torch_config"].timeout_s) == (expected, 77)
+    assert kw["scaling_config"].use_gpu == (cluster is GPUS)
+    assert (kw["run_config"].name, kw["run_config"].storage_path) == ("r", str(tmp_path))

@@ -83,24 +83,18 @@ def run_with_ray(cfg: Config, worker: Callable[[Config], dict[str, Any]]) -> Pat
     returns the folder of Ray's run record."""
     check_ray_launch(cfg)
     ray = import_ray()
-    from ray.train import RunConfig, ScalingConfig, TrainingFailedError
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train import TrainingFailedError
+    from ray.train.torch import TorchTrainer
 
     started = not ray.is_initialized()
     if started:
         ray.init(**cfg.ray.ray_init_kwargs)
     try:
-        scaling = scaling_of(cfg, ray.cluster_resources())
-        each = ", ".join(f"{v:g} {k}" for k, v in scaling["resources_per_worker"].items())
-        print(f"ray: {scaling['num_workers']} worker(s), {each} each", flush=True)
-        backend = _backend(cfg, scaling["use_gpu"])
-        trainer = TorchTrainer(
-            _train_worker, train_loop_config={"cfg": cfg, "worker": worker, "cwd": os.getcwd()},
-            torch_config=TorchConfig(backend=backend, timeout_s=cfg.training.ddp_timeout),
-            scaling_config=ScalingConfig(**scaling),
-            run_config=RunConfig(name=cfg.ray.ray_run_name or None,
-                                 storage_path=str(Path(cfg.ray.ray_storage_path).resolve())))
-        result = trainer.fit()
+        kwargs = trainer_kwargs(cfg, ray.cluster_resources(), worker)
+        scaling = kwargs["scaling_config"]
+        each = ", ".join(f"{v:g} {k}" for k, v in scaling.resources_per_worker.items())
+        print(f"ray: {scaling.num_workers} worker(s), {each} each", flush=True)
+        result = TorchTrainer(_train_worker, **kwargs).fit()
     except (TrainingFailedError, ray.exceptions.RayError) as exc:  # a worker's error
         raise TrainingError(f"Ray Train run failed: {exc}") from None
     finally:
@@ -108,6 +102,24 @@ def run_with_ray(cfg: Config, worker: Callable[[Config], dict[str, Any]]) -> Pat
             ray.shutdown()
     print(f"ray: run record in {result.path}", flush=True)
     return Path(result.path)
+
+
+def trainer_kwargs(cfg: Config, cluster: dict[str, float],
+                   worker: Callable[[Config], dict[str, Any]]) -> dict[str, Any]:
+    """TorchTrainer's arguments (besides the worker function) for this config on a
+    cluster with `cluster` resources."""
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig
+
+    scaling = scaling_of(cfg, cluster)
+    backend = _backend(cfg, scaling["use_gpu"])
+    return {
+        "train_loop_config": {"cfg": cfg, "worker": worker, "cwd": os.getcwd()},
+        "torch_config": TorchConfig(backend=backend, timeout_s=cfg.training.ddp_timeout),
+        "scaling_config": ScalingConfig(**scaling),
+        "run_config": RunConfig(name=cfg.ray.ray_run_name or None,
+                                storage_path=str(Path(cfg.ray.ray_storage_path).resolve())),
+    }
 
 
 def _backend(cfg: Config, use_gpu: bool) -> str:
