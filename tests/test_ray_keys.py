@@ -99,3 +99,21 @@ def test_ray_trainer_gets_the_backend_torchrun_would_use(keys, cluster, expected
     assert (kw["torch_config"].backend, kw["torch_config"].timeout_s) == (expected, 77)
     assert kw["scaling_config"].use_gpu == (cluster is GPUS)
     assert (kw["run_config"].name, kw["run_config"].storage_path) == ("r", str(tmp_path))
+
+
+def test_llamafactory_ray_example_runs_on_ray_with_its_worker_count(monkeypatch, tmp_path):
+    """LLaMA-Factory's train_lora/qwen3_lora_sft_ray.yaml (ray_num_workers: 4), started
+    as LLaMA-Factory starts it (USE_RAY=1): 4 workers, one GPU each on a GPU cluster; on a
+    2-CPU machine the shortfall is named instead of Ray waiting for resources."""
+    from lf_examples import EXAMPLES, substituted
+    from tunesmith.config.loader import build_config
+
+    monkeypatch.setenv("USE_RAY", "1")
+    cfg = build_config(substituted(EXAMPLES / "train_lora" / "qwen3_lora_sft_ray.yaml",
+                                   "tiny-model", tmp_path))
+    assert ray_requested(cfg)
+    assert scaling_of(cfg, GPUS)["resources_per_worker"] == {"GPU": 1.0}
+    assert scaling_of(cfg, GPUS)["num_workers"] == 4
+    with pytest.raises(ConfigError, match="4 workers x CPU 1 need 4 CPU, but the Ray "
+                                          "cluster has 2"):
+        scaling_of(cfg, {"CPU": 2.0})
