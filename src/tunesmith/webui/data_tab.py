@@ -64,8 +64,14 @@ class DataActions:
         for i, sample in enumerate(view.samples):
             samples += (_separator(lang) if i else []) + sample
         problems = "\n".join([view.bad_rows, *view.media.errors]).strip()
-        return (_figures_table(view.figures), samples, problems,
-                view.media.thumbnails or None, media_table(view.media, lang))
+        short = self._short
+        return (_figures_table(view.figures), [(short(t), k) for t, k in samples],
+                short(problems), [(img, short(c)) for img, c in view.media.thumbnails] or None,
+                short(media_table(view.media, lang)))
+
+    def _short(self, s: str) -> str:
+        """Places inside the working folder as the user names them (data/x.json:3)."""
+        return s.replace(f"{self.ws.root}/", "")
 
 
 def _error(problem: Any, lang: str) -> str:
