@@ -83,7 +83,7 @@ def test_pairs_show_prompt_chosen_and_rejected_and_kto_rows_their_label(ws, tiny
     question = raw["conversations"][0]["value"][:30]
     assert whole.count(question) == 1  # the shared prompt, once
     assert whole.index("── prompt") < whole.index("── chosen") < whole.index("── rejected")
-    assert bad == "" and thumbs is None
+    assert bad == "" and not thumbs["visible"]
 
     _, pieces, _, _, _ = actions.preview("kto_en_demo", "models/tiny", "", 2048, 3, "zh")
     rows = json.loads((FIXTURES / "kto_en_demo.json").read_text())[:3]
@@ -106,6 +106,7 @@ def test_media_rows_show_thumbnails_and_the_token_counts_training_uses(tmp_path,
     shutil.copytree(tiny_vl_dir, ws.root / "models" / "vl")
     actions = DataActions(ws)
     _, _, bad, thumbs, table = actions.preview("mm", "models/vl", "qwen", 2048, 3, "en")
+    thumbs = thumbs["value"]
     assert bad == "" and len(thumbs) == 4  # a.png; a.png and b.jpg; the video
     # what training stores for the same rows
     tok = build_vl_tokenizer()
@@ -120,12 +121,13 @@ def test_media_rows_show_thumbnails_and_the_token_counts_training_uses(tmp_path,
     assert len(totals) == 3 and all(totals.count(n) <= lengths.count(n) for n in totals)
     image_tokens = [int(n) for n in rows[1][2].split("+")]
     assert len(image_tokens) == 2 and all(n > 0 for n in image_tokens)
-    assert f"{image_tokens[1]} tokens" in thumbs[2][1]
+    assert thumbs[2][1].startswith(f"{image_tokens[1]} tokens · image 2 ")
     assert int(rows[1][3]) + sum(image_tokens) == int(rows[1][4])
 
     (ws.data_dir / "pics" / "b.jpg").unlink()
     _, _, bad, thumbs, _ = actions.preview("mm", "models/vl", "qwen", 2048, 3, "en")
-    assert "data/mm.json:1: media file 'pics/b.jpg' not found" in bad and len(thumbs) == 2
+    assert "data/mm.json:1: media file 'pics/b.jpg' not found" in bad
+    assert len(thumbs["value"]) == 2
 
 
 def test_reward_curves_of_a_preference_run(ws):

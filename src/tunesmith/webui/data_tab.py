@@ -49,7 +49,7 @@ class DataActions:
         if not dataset or not model:
             problems.append(text("data.pick_dataset_and_model", lang))
         if problems:
-            return _error("; ".join(problems), lang), [], "", None, ""
+            return _error("; ".join(problems), lang), [], "", gr.update(visible=False), ""
         local_model = self.ws.root / model
         name = dataset if "/" not in dataset and not (self.ws.root / dataset).exists() else str(
             self.ws.inside(dataset, "dataset"))
@@ -59,14 +59,15 @@ class DataActions:
             view = inspect_dataset(name, cfg, str(local_model) if local_model.exists()
                                    else model, template or "", int(n_samples), lang)
         except TunesmithError as exc:
-            return _error(exc, lang), [], "", None, ""
+            return _error(exc, lang), [], "", gr.update(visible=False), ""
         samples: Highlighted = []
         for i, sample in enumerate(view.samples):
             samples += (_separator(lang) if i else []) + sample
         problems = "\n".join([view.bad_rows, *view.media.errors]).strip()
         short = self._short
+        thumbs = [(img, short(c)) for img, c in view.media.thumbnails]
         return (_figures_table(view.figures), [(short(t), k) for t, k in samples],
-                short(problems), [(img, short(c)) for img, c in view.media.thumbnails] or None,
+                short(problems), gr.update(value=thumbs or None, visible=bool(thumbs)),
                 short(media_table(view.media, lang)))
 
     def _short(self, s: str) -> str:
@@ -99,7 +100,7 @@ def build_data_tab(ws: Workspace, tr: Translator, lang: Any) -> dict[str, Any]:
                       allow_custom_value=True, filterable=True, elem_id="data-template")
         cutoff = gr.Number(2048, precision=0, minimum=8, label="cutoff_len")
         n_samples = tr(gr.Number, 3, precision=0, minimum=1, maximum=20,
-                       label="@data.samples_shown")
+                       label="@data.samples_shown", elem_id="data-samples-shown")
     preview_btn = tr(gr.Button, value="@data.preview", variant="primary",
                      elem_id="data-preview")
     message = gr.Markdown(elem_id="data-message")
@@ -110,7 +111,7 @@ def build_data_tab(ws: Workspace, tr: Translator, lang: Any) -> dict[str, Any]:
                  show_legend=True, elem_id="data-samples")
     with gr.Row():
         thumbs = tr(gr.Gallery, label="@data.media", columns=4, height="auto",
-                    elem_id="data-media", min_width=240)
+                    elem_id="data-media", min_width=240, visible=False)
         media_tokens = gr.Markdown(elem_id="data-media-tokens", min_height=0)
     dataset.focus(lambda: gr.update(choices=dataset_choices(ws.data_dir)), None, dataset)
     upload.upload(actions.upload, [upload, lang], [message, dataset])

@@ -128,8 +128,8 @@ def media_preview(convs: list[Conversation], vision: Any, renderer: ChatRenderer
         per_item = [vision.tokens_of(item.grid(vision)) for item in items]
         for k, (item, n) in enumerate(zip(items, per_item, strict=True)):
             h, w = item.frames.shape[1:3]
-            out.thumbnails.append((item.frames[0], f"{conv.source} · {item.kind} {k + 1} · "
-                                   f"{w}×{h} · {n} tokens"))
+            out.thumbnails.append((item.frames[0], f"{n} tokens · {item.kind} {k + 1} · "
+                                   f"{w}×{h} · {conv.source}"))
         out.rows.append({"row": conv.source, "media": len(items),
                          "vision_tokens": " + ".join(map(str, per_item)),
                          "text_tokens": total - sum(per_item), "total_tokens": total})
