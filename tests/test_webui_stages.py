@@ -73,7 +73,9 @@ def test_a_hidden_key_goes_to_the_job_at_its_default(ws):
 def test_pairs_show_prompt_chosen_and_rejected_and_kto_rows_their_label(ws, tiny_llama_dir):
     shutil.copytree(tiny_llama_dir, ws.root / "models" / "tiny")
     actions = DataActions(ws)
-    _, pieces, bad, thumbs, _ = actions.preview("dpo_en_demo", "models/tiny", "", 2048, 1, "en")
+    figures, pieces, bad, thumbs, _ = actions.preview("dpo_en_demo", "models/tiny", "", 2048, 1,
+                                                      "en")
+    assert "| preference pairs | 16 |" in figures
     raw = json.loads((FIXTURES / "dpo_en_demo.json").read_text())[0]
     labelled = {label: "".join(t for t, k in pieces if k == label) for label in
                 ("chosen", "rejected")}
@@ -85,8 +87,11 @@ def test_pairs_show_prompt_chosen_and_rejected_and_kto_rows_their_label(ws, tiny
     assert whole.index("── prompt") < whole.index("── chosen") < whole.index("── rejected")
     assert bad == "" and not thumbs["visible"]
 
-    _, pieces, _, _, _ = actions.preview("kto_en_demo", "models/tiny", "", 2048, 3, "zh")
-    rows = json.loads((FIXTURES / "kto_en_demo.json").read_text())[:3]
+    figures, pieces, _, _, _ = actions.preview("kto_en_demo", "models/tiny", "", 2048, 3, "zh")
+    rows = json.loads((FIXTURES / "kto_en_demo.json").read_text())
+    good = sum(r["label"] for r in rows)
+    assert f"| kto desirable | {good} |" in figures and good < len(rows)
+    rows = rows[:3]
     labels = [k for _, k in pieces if k in ("desirable", "undesirable")]
     assert labels == ["desirable" if r["label"] else "undesirable" for r in rows]
     assert "kto_tag：false（不期望的回答）" in "".join(t for t, _ in pieces)

@@ -17,6 +17,7 @@ import numpy as np
 from tunesmith.config.schema import Config, DataConfig
 from tunesmith.data.encode import IGNORE_INDEX, EncodeOptions, encode_conversations
 from tunesmith.data.loading import DataReport, load_conversations
+from tunesmith.data.preference import KTO_TAG
 from tunesmith.data.readers import FILE_SUFFIXES as DATA_FILE_SUFFIXES
 from tunesmith.data.registry import builtin_data_dir, resolve_dataset
 from tunesmith.data.template import ChatRenderer, load_template_source
@@ -86,6 +87,7 @@ def inspect_dataset(dataset: str, data_cfg: DataConfig, model_name_or_path: str,
                "over_cutoff": len(stats.dropped_too_long),
                "no_trained_tokens": len(stats.no_trained_tokens)}
     figures["rows_with_media"] = sum(1 for c in convs if c.images or c.videos)
+    figures.update(_kind_counts(convs))
     samples = [row_pieces(renderer, c, opts, lang) for c in convs[:n_samples]]
     media = MediaPreview()
     if figures["rows_with_media"]:
@@ -96,3 +98,15 @@ def inspect_dataset(dataset: str, data_cfg: DataConfig, model_name_or_path: str,
                            media_ids=vision.media_token_ids)
         media = media_preview(convs, vision, renderer, tokenizer, opts, n_samples, lang)
     return DatasetView(figures, samples, report.bad_rows_text(), media)
+
+
+def _kind_counts(convs: list[Any]) -> dict[str, int]:
+    """Preference pairs and KTO labels among the rows (nothing for plain rows)."""
+    out = {}
+    pairs = sum(1 for c in convs if c.rejected is not None)
+    if pairs:
+        out["preference_pairs"] = pairs
+    labels = [bool(c.extra[KTO_TAG]) for c in convs if KTO_TAG in c.extra]
+    if labels:
+        out["kto_desirable"], out["kto_undesirable"] = sum(labels), len(labels) - sum(labels)
+    return out
