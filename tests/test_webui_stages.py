@@ -62,8 +62,19 @@ def test_a_hidden_key_goes_to_the_job_at_its_default(ws):
     dpo = yaml.safe_load(actions.preview(*_form(actions, stage="dpo", **base))[0])
     assert dpo["stage"] == "dpo" and dpo["pref_beta"] == 0.5
     assert "kto_chosen_weight" not in dpo  # a kto key typed earlier, hidden for dpo
-    sft = yaml.safe_load(actions.preview(*_form(actions, stage="sft", **base))[0])
+    sft = yaml.safe_load(actions.preview(*_form(actions, **{**base, "stage": "sft",
+                                                            "dataset": ["identity"]}))[0])
     assert "pref_beta" not in sft and "stage" not in sft
+    for stage, dataset, said in (
+            ("kto", "dpo_en_demo", "holds preference pairs (ranking: true); stage kto needs"),
+            ("dpo", "kto_en_demo", "has kto_tag labels"),
+            ("ppo", "dpo_en_demo", "ppo is not available yet")):
+        refused = actions.preview(*_form(actions, **{**base, "stage": stage,
+                                                     "dataset": [dataset]}))
+        assert refused[0] == "" and said in refused[2], (stage, refused[2])
+    clash = actions.preview(*_form(actions, **base, stage="dpo", pref_loss="ipo",
+                                   dpo_label_smoothing=0.1))
+    assert "dpo_label_smoothing: 0.1 applies to pref_loss sigmoid only" in clash[2]
     updates = actions.stage_view("kto")
     shown = dict(zip([k for k in STAGE_KEYS if k in actions.keys], updates, strict=False))
     assert shown["kto_chosen_weight"]["visible"] and not shown["pref_loss"]["visible"]

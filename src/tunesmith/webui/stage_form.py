@@ -7,10 +7,15 @@ the others, and a hidden key goes to the job at its default (never a stale value
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from tunesmith.config.schema import Stage, field_index
+from tunesmith.config.schema import Config, Stage, field_index
+from tunesmith.data.preference import check_stage_data
+from tunesmith.data.registry import DatasetEntry, resolve_dataset
+from tunesmith.errors import ConfigError, DataError
 from tunesmith.webui.form import FieldSpec
+from tunesmith.webui.i18n import text
 
 STAGES: tuple[str, ...] = Stage.__args__  # type: ignore[attr-defined]
 
@@ -48,3 +53,39 @@ def stage_defaults(form: dict[str, Any], specs: dict[str, FieldSpec]) -> dict[st
     """The form with every key the chosen stage does not read set back to its default."""
     stage = str(form.get("stage") or "sft")
     return {k: v if visible(k, stage) else specs[k].default for k, v in form.items()}
+
+
+def stage_problems(cfg: Config, root: Path, lang: str = "en") -> list[str]:
+    """What `tunesmith train` would refuse about the stage before its first step, said
+    before the job starts: ppo (not available yet), datasets of the wrong kind (pairs for
+    dpo / rm, kto_tag labels for kto, plain rows for sft / pt) and preference key clashes."""
+    stage = cfg.finetuning.stage
+    if stage == "ppo":
+        return [text("train.ppo_unavailable", lang)]
+    problems = []
+    folder = root / cfg.data.dataset_dir
+    for key in ("dataset", "eval_dataset"):
+        for name in getattr(cfg.data, key):
+            entry = _entry(name, folder, root)
+            why = check_stage_data(entry.name, entry.spec, stage) if entry else None
+            if why:
+                problems.append(f"{key}: {why}")
+    if stage in ("dpo", "kto", "rm"):
+        from tunesmith.recipes.preference import check_preference_config
+
+        try:
+            check_preference_config(cfg)
+        except ConfigError as exc:
+            problems += exc.problems
+    return problems
+
+
+def _entry(name: str, folder: Path, root: Path) -> DatasetEntry | None:
+    """The dataset as the job will find it (its working folder is `root`); None when it
+    cannot be found here, which the job then reports with what it looked at."""
+    for candidate in (str(root / name), name):  # a path inside the folder, or a name
+        try:
+            return resolve_dataset(candidate, str(folder))
+        except DataError:
+            continue
+    return None

@@ -34,6 +34,7 @@ from tunesmith.webui.stage_form import (
     STAGE_SECTIONS,
     section_visible,
     stage_defaults,
+    stage_problems,
     visible,
 )
 from tunesmith.webui.workspace import Workspace, check_paths
@@ -127,6 +128,7 @@ class TrainActions:
             problems += exc.problems
         form.update({k: v for k, v in hw_keys.items() if k in form})
         changed, cfg = form_to_config(stage_defaults(form, {s.key: s for s in form_fields()}))
+        problems += stage_problems(cfg, self.ws.root, lang)
         known = set(dataset_choices(self.ws.data_dir)) | set(model_choices(self.ws))
         problems += check_paths(self.ws, cfg.to_flat(), known)
         for key in ("model_name_or_path", "dataset", "output_dir"):
