@@ -8,7 +8,7 @@ one entry point; once `tunesmith data inspect` exists it can take its figures fr
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,11 +91,7 @@ def inspect_dataset(dataset: str, data_cfg: DataConfig, model_name_or_path: str,
     samples = [row_pieces(renderer, c, opts, lang) for c in convs[:n_samples]]
     media = MediaPreview()
     if figures["rows_with_media"]:
-        run_cfg = Config(data=data_cfg)
-        vision = load_vision_settings(str(model_path), tokenizer, run_cfg)
-        if vision is not None:
-            opts = replace(opts, vision_ids=tuple(vision.token_ids.values()),
-                           media_ids=vision.media_token_ids)
+        vision = load_vision_settings(str(model_path), tokenizer, Config(data=data_cfg))
         media = media_preview(convs, vision, renderer, tokenizer, opts, n_samples, lang)
     return DatasetView(figures, samples, report.bad_rows_text(), media)
 

@@ -113,6 +113,9 @@ def media_preview(convs: list[Conversation], vision: Any, renderer: ChatRenderer
     out = MediaPreview()
     with_media = [c for c in convs if c.images or c.videos][:limit]
     whole = replace(opts, cutoff_len=1 << 30)  # the row's own length, before any cut
+    if vision is not None:  # as training encodes: vision tokens never trained, kept whole
+        whole = replace(whole, vision_ids=tuple(vision.token_ids.values()),
+                        media_ids=vision.media_token_ids)
     for conv in with_media:
         if vision is None:
             out.errors.append(f"{conv.source}: {text('data.media.text_model', lang)}")
