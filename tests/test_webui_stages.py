@@ -152,16 +152,18 @@ def test_reward_curves_of_a_preference_run(ws):
     lines = [{"step": s, "loss": 0.7 - 0.1 * s, "total_steps": 2, "rewards/chosen": 0.1 * s,
               "rewards/rejected": -0.1 * s, "rewards/margins": 0.2 * s,
               "rewards/accuracies": 0.5 + 0.25 * s, "kl": 0.0} for s in (1, 2)]
+    lines.append({"step": 2, "eval_loss": 0.6, "eval_rewards/accuracies": 0.9})
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     view = read_run(out)
-    assert [(r["series"], r["value"]) for r in view.rewards[:4]] == [
-        ("chosen", 0.1), ("rejected", -0.1), ("margins", 0.2), ("accuracies", 0.75)]
+    assert [(r["series"], r["value"]) for r in view.rewards[:5]] == [
+        ("chosen", 0.1), ("rejected", -0.1), ("margins", 0.2), ("accuracies", 0.75), ("kl", 0)]
+    assert view.rewards[-1] == {"step": 2, "value": 0.9, "series": "eval accuracies"}
     runner = JobRunner(ws)
     job = runner.launch("train", {"model_name_or_path": "missing", "output_dir": "saves/dpo"},
                         output_dir=str(out))
     actions = TrainActions(ws, runner, [s.key for s in form_fields()])
     shown = actions.watch(job.id)
-    assert shown[3]["visible"] and len(shown[3]["value"]) == 8
+    assert shown[3]["visible"] and len(shown[3]["value"]) == 11
     (out / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")
     assert not actions.watch(job.id)[3]["visible"]  # an SFT run: no reward plot
 

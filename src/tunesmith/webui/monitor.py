@@ -16,8 +16,10 @@ from typing import Any
 from tunesmith.runs.folder import read_metrics
 from tunesmith.webui.i18n import text
 
-# what the dpo / kto / rm objectives write per step (train/objectives/pairwise.py)
-REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
+# what the dpo / kto / rm objectives write per step (train/objectives/pairwise.py); eval
+# lines carry the same names prefixed "eval_" (the reward model's eval accuracy among them)
+REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+                  "kl")
 
 
 @dataclass
@@ -48,6 +50,7 @@ def read_run(output_dir: Path) -> RunView:
         elif "eval_loss" in r:
             view.eval_loss = float(r["eval_loss"])
             view.curve.append({"step": r["step"], "loss": view.eval_loss, "series": "eval"})
+            _take_rewards(view, int(r["step"]), r, "eval_")
         elif "loss" in r:
             _take_step(view, r)
     return view
@@ -67,11 +70,15 @@ def _take_step(view: RunView, r: dict[str, Any]) -> None:
     view.eta_s = r.get("eta_s")
     if math.isfinite(view.loss):
         view.curve.append({"step": view.step, "loss": view.loss, "series": "train"})
+    _take_rewards(view, view.step, r, "")
+
+
+def _take_rewards(view: RunView, step: int, r: dict[str, Any], prefix: str) -> None:
     for name in REWARD_METRICS:
-        value = r.get(name)
+        value = r.get(prefix + name)
         if isinstance(value, int | float) and math.isfinite(value):
-            view.rewards.append({"step": view.step, "value": float(value),
-                                 "series": name.removeprefix("rewards/")})
+            series = ("eval " if prefix else "") + name.removeprefix("rewards/")
+            view.rewards.append({"step": step, "value": float(value), "series": series})
 
 
 def format_duration(seconds: float | None) -> str:
