@@ -23,7 +23,7 @@ def env_report() -> str:
             ("platform", platform.platform()), ("torch", torch.__version__),
             ("cuda (torch build)", torch.version.cuda or "none (CPU build)")]
     for mod in ("transformers", "peft", "accelerate", "safetensors", "tokenizers", "datasets",
-                "gguf", "deepspeed", "liger_kernel", "triton"):
+                "gguf", "deepspeed", "liger_kernel", "triton", "ray"):
         rows.append((mod, _version(mod)))
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):

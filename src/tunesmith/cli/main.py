@@ -29,6 +29,13 @@ read their options from a YAML (the command line wins).
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        from tunesmith.cli.launcher_args import move_launcher_args
+
+        argv = move_launcher_args(argv)  # deepspeed's launcher: --local_rank=N before the verb
+    except TunesmithError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)
         return 0
@@ -64,6 +71,12 @@ def cmd_train(args: list[str]) -> int:
         from tunesmith.cli.evaluate import cmd_eval  # LF's predict YAMLs: no training data
 
         return cmd_eval(args)
+    from tunesmith.distributed.ray_train import ray_requested
+
+    if ray_requested(cfg):  # use_ray / USE_RAY=1: Ray Train starts the workers
+        from tunesmith.cli.train_ray import train_on_ray
+
+        return train_on_ray(cfg)
     from tunesmith.config.environment import distributed_env, launch_env
     from tunesmith.distributed.launch import gpu_count, processes_to_launch, relaunch, run_recorded
 

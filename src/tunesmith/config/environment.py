@@ -32,12 +32,15 @@ def webui_auth() -> str:
 
 
 def distributed_env() -> dict[str, int]:
-    """torchrun's variables for this process (rank 0 of 1 when not launched by torchrun)."""
+    """torchrun's variables for this process (rank 0 of 1 when not launched by torchrun).
+    deepspeed's launcher names the processes per node LOCAL_SIZE instead of
+    LOCAL_WORLD_SIZE; either is read."""
+    env = os.environ
     return {
-        "rank": int(os.environ.get("RANK", "0")),
-        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
-        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
-        "local_world_size": int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+        "rank": int(env.get("RANK", "0")),
+        "local_rank": int(env.get("LOCAL_RANK", "0")),
+        "world_size": int(env.get("WORLD_SIZE", "1")),
+        "local_world_size": int(env.get("LOCAL_WORLD_SIZE") or env.get("LOCAL_SIZE") or "1"),
     }
 
 
@@ -72,6 +75,11 @@ def launch_env() -> LaunchEnv:
     )
 
 
+def ray_env_requested() -> bool:
+    """USE_RAY=1: LLaMA-Factory's switch for Ray Train launching (same as use_ray: true)."""
+    return os.environ.get("USE_RAY", "").lower() in {"1", "true", "yes", "y"}
+
+
 def _int_var(name: str) -> int | None:
     value = os.environ.get(name, "").strip()
     if not value:
@@ -102,6 +110,12 @@ def use_compile_cache(folder: Path) -> Path:
     if not os.environ.get("TRITON_CACHE_DIR"):
         os.environ["TRITON_CACHE_DIR"] = str(folder / "triton")
     return folder
+
+
+def accelerate_mixed_precision() -> str:
+    """The mixed_precision of an `accelerate launch --config_file` (no, fp16, bf16, fp8),
+    "" when the process was not started by accelerate."""
+    return os.environ.get("ACCELERATE_MIXED_PRECISION", "").lower()
 
 
 def accelerate_fsdp_env() -> dict[str, str] | None:

@@ -22,8 +22,8 @@ _SWANLAB = "SwanLab logging is not available; use report_to: tensorboard or wand
 _ENGINE = ("engine tuning keys are not passed on: `tunesmith api --infer_backend vllm|sglang` "
            "starts that engine with tunesmith's flags (--max_model_len, --port, ...); for "
            "other settings run the engine yourself on the exported model")
-_RAY = ("Ray Train launching is not implemented; launch the same YAML with torchrun "
-        "(tunesmith train relaunches itself on all visible GPUs)")
+_RAY = ("Ray's run records on cloud storage (s3, gs) are not supported; leave it unset and "
+        "give ray_storage_path a local or mounted folder")
 
 REFUSED_KEYS: dict[str, str] = {
     "use_kt": _KT, "kt_weight_path": _KT, "kt_expert_checkpoint_path": _KT,
@@ -67,9 +67,7 @@ REFUSED_KEYS: dict[str, str] = {
     "vllm_max_lora_rank": _ENGINE, "vllm_config": _ENGINE, "sglang_maxlen": _ENGINE,
     "sglang_mem_fraction": _ENGINE, "sglang_tp_size": _ENGINE, "sglang_config": _ENGINE,
     "sglang_lora_backend": _ENGINE,
-    "use_ray": _RAY, "ray_run_name": _RAY, "ray_storage_path": _RAY,
-    "ray_storage_filesystem": _RAY, "ray_init_kwargs": _RAY, "resources_per_worker": _RAY,
-    "placement_strategy": _RAY,
+    "ray_storage_filesystem": _RAY,
 }
 
 

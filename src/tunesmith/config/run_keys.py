@@ -74,9 +74,6 @@ class RunConfig:
         "when some trainable parameters are unused).", advanced=True)
     print_param_status: bool = opt(False, "Log every parameter's name, shape, dtype, device "
                                           "and whether it trains.", advanced=True)
-    ray_num_workers: int = opt(
-        1, "LLaMA-Factory's Ray worker count: has no effect without use_ray (refused), as in "
-        "LLaMA-Factory; a value other than 1 logs a warning.", minimum=1, advanced=True)
     local_rank: int = opt(
         -1, "Set by launchers (deepspeed passes --local_rank); tunesmith reads LOCAL_RANK and "
         "checks that the two agree.", minimum=-1, advanced=True)

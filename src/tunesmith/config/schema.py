@@ -284,6 +284,7 @@ class EvalConfig:
 from tunesmith.config.multimodal import MultimodalConfig  # noqa: E402
 from tunesmith.config.ppo_keys import PpoConfig  # noqa: E402
 from tunesmith.config.preference import PreferenceConfig  # noqa: E402
+from tunesmith.config.ray_keys import RayConfig  # noqa: E402
 
 
 @dataclass
@@ -304,6 +305,7 @@ class Config:
     vocab: VocabConfig = field(default_factory=VocabConfig)
     template: TemplateConfig = field(default_factory=TemplateConfig)
     preference: PreferenceConfig = field(default_factory=PreferenceConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
     ppo: PpoConfig = field(default_factory=PpoConfig)
 
     def to_flat(self) -> dict[str, Any]:
@@ -316,7 +318,7 @@ class Config:
 
 SECTIONS = ("model", "data", "finetuning", "training", "export", "eval", "speed",
             "multimodal", "optim", "method", "run", "infer", "export_quant", "vocab",
-            "template", "preference", "ppo")
+            "template", "preference", "ray", "ppo")
 
 
 def field_index() -> dict[str, tuple[str, dataclasses.Field]]:

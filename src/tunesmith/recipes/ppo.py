@@ -62,8 +62,8 @@ from tunesmith.train.run_setup import extend_vocab, load_options
 log = logging.getLogger(__name__)
 
 
-def check_ppo_config(cfg: Config) -> None:
-    """Every problem of a ppo config at once."""
+def check_ppo_config(cfg: Config, root: Path = Path(".")) -> None:
+    """Every problem of a ppo config at once; `root`: where relative paths start."""
     p, f, t = cfg.ppo, cfg.finetuning, cfg.training
     problems = []
     if not p.reward_model:
@@ -76,7 +76,7 @@ def check_ppo_config(cfg: Config) -> None:
     if p.reward_model_quantization_bit:
         problems.append(f"reward_model_quantization_bit: {p.reward_model_quantization_bit} is "
                         "not supported yet; remove it (the reward model loads unquantised)")
-    rm_folder = Path(p.reward_model)
+    rm_folder = root / p.reward_model
     if (p.reward_model and p.reward_model_type == "lora"
             and not (rm_folder / VALUE_HEAD_FILE).is_file()):
         problems.append(f"reward_model: {p.reward_model!r} has no {VALUE_HEAD_FILE}; with "

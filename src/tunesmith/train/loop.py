@@ -370,7 +370,7 @@ class Trainer:
                   "trained_tokens_per_s": rate["trained_tokens_per_s"],
                   "elapsed_s": round(s.elapsed, 3), "eta_s": round(remaining, 1),
                   "peak_mem_gb": self.throughput.peak_memory_gb(),
-                  "total_steps": self.total_steps}
+                  "total_steps": self.total_steps, **{k: rate[k] for k in ("mfu",) if k in rate}}
         if self.run_cfg.include_num_input_tokens_seen:
             record["num_input_tokens_seen"] = s.tokens_seen
         if self.world > 1:  # this rank's rate x ranks (shards are near equal in size)

@@ -75,9 +75,9 @@ def check_run_keys(cfg: Config) -> None:
     if not r.save_safetensors:
         raise ConfigError("save_safetensors: false asks for pickle (.bin) weights, which "
                           "tunesmith never writes; remove the key")
-    if r.ray_num_workers != 1:
+    if cfg.ray.ray_num_workers != 1 and not cfg.ray.use_ray:
         log.warning("ray_num_workers: %d has no effect without use_ray (as in LLaMA-Factory); "
-                    "tunesmith uses the GPUs it sees through torchrun", r.ray_num_workers)
+                    "tunesmith uses the GPUs it sees through torchrun", cfg.ray.ray_num_workers)
     if cfg.method.quantization_bit and cfg.finetuning.finetuning_type not in ("lora", "oft"):
         raise ConfigError(f"quantization_bit: a quantised base trains only adapters; set "
                           f"finetuning_type lora (got {cfg.finetuning.finetuning_type})")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 # Dense bf16 matrix rate used as the MFU denominator (FLOP/s). H100/H200: the rate measured
 # for an 8192^3 bf16 product on the lent H200 (790 TFLOP/s), not the datasheet's 989.
@@ -31,7 +34,9 @@ class Throughput:
         self.tokens = self.trained = 0
         self.flops = 0.0
         self.data_wait = 0.0
-        self._recent: deque[tuple[float, int, int]] = deque(maxlen=20)
+        self._recent: deque[tuple[float, int, int, float]] = deque(maxlen=20)
+        self.peak = device_peak_flops(device)
+        self._told_no_mfu = False  # FLOP/s; None: unknown (CPU, unlisted GPU)
         self.steps: list[tuple[float, int, int, float]] = []  # (seconds, tokens, trained, flops)
         self._last = time.perf_counter()
         self.first_step_end: float | None = None  # perf_counter() when step 1 ended
@@ -57,16 +62,37 @@ class Throughput:
         self._last = now
         if self.first_step_end is None:
             self.first_step_end = now
-        self._recent.append((now, tokens, trained))
+        self._recent.append((now, tokens, trained, flops))
 
     def recent(self) -> dict[str, float]:
+        """Rates over the last steps; "mfu" (this process's model FLOP/s over its device's
+        peak) only when both the model's FLOPs and the peak are known."""
         r = self._recent
         if len(r) < 2:
             return {"tokens_per_s": 0.0, "trained_tokens_per_s": 0.0}
         dt = r[-1][0] - r[0][0]
         tokens = sum(x[1] for x in list(r)[1:])
         trained = sum(x[2] for x in list(r)[1:])
-        return {"tokens_per_s": tokens / dt, "trained_tokens_per_s": trained / dt}
+        out = {"tokens_per_s": tokens / dt, "trained_tokens_per_s": trained / dt}
+        flops = sum(x[3] for x in list(r)[1:])
+        if self.peak and flops > 0:
+            out["mfu"] = flops / dt / self.peak
+        elif not self._told_no_mfu:  # said once per run, not on every logged step
+            self._told_no_mfu = True
+            log.info("MFU is left out of metrics.jsonl: %s", self.mfu_missing_reason()
+                     or "no FLOPs were counted in the last steps")
+        return out
+
+    def mfu_missing_reason(self) -> str | None:
+        """Why step records carry no MFU (None: they do)."""
+        if self.flops_for is None:
+            return "the model's FLOPs per token are not counted for this run"
+        if not self.peak:
+            what = "a CPU" if self.device.type != "cuda" else torch.cuda.get_device_name(
+                self.device)
+            return (f"the peak FLOP/s of {what} is unknown (known GPUs: "
+                    f"{', '.join(PEAK_BF16_FLOPS)})")
+        return None
 
     def peak_memory_gb(self) -> float:
         if self.device.type == "cuda":
@@ -79,7 +105,7 @@ class Throughput:
             return 0.0
 
     def summary(self, elapsed: float) -> dict[str, Any]:
-        peak = device_peak_flops(self.device)
+        peak = self.peak
         achieved = self.flops / elapsed if elapsed > 0 else 0.0
         out = {"tokens": self.tokens, "trained_tokens": self.trained,
                "tokens_per_s": self.tokens / elapsed if elapsed else 0.0,

@@ -57,15 +57,15 @@ def build_app(work_dir: str) -> Any:
                             elem_id="lang", scale=0, min_width=180)
         with gr.Tabs():
             with tr(gr.Tab, label="@tab.data", id="data", elem_id="tab-data"):
-                build_data_tab(ws, tr)
+                build_data_tab(ws, tr, lang)
             with tr(gr.Tab, label="@tab.train", id="train", elem_id="tab-train"):
                 train = build_train_tab(ws, runner, tr, lang)
             with tr(gr.Tab, label="@tab.eval", id="eval", elem_id="tab-eval"):
-                evaluate = build_eval_tab(ws, runner, tr)
+                evaluate = build_eval_tab(ws, runner, tr, lang)
             with tr(gr.Tab, label="@tab.chat", id="chat", elem_id="tab-chat"):
                 build_chat_tab(ws, EngineSlot(), tr)
             with tr(gr.Tab, label="@tab.export", id="export", elem_id="tab-export"):
-                export = build_export_tab(ws, runner, tr)
+                export = build_export_tab(ws, runner, tr, lang)
 
         # The switch sends every translated component its text; on load the browser's
         # language sets the switch.

@@ -11,40 +11,45 @@ from tunesmith.data.readers import FILE_SUFFIXES as DATA_FILE_SUFFIXES
 from tunesmith.data.template import builtin_template_names
 from tunesmith.errors import TunesmithError
 from tunesmith.webui.data_view import Highlighted, dataset_choices, inspect_dataset
-from tunesmith.webui.i18n import Translator
+from tunesmith.webui.i18n import Translator, text
+from tunesmith.webui.preview_rows import COLORS, media_table
 from tunesmith.webui.runs import model_choices
 from tunesmith.webui.uploads import MAX_UPLOAD_BYTES, store_upload
 from tunesmith.webui.workspace import Workspace, check_paths
 
-SEPARATOR: Highlighted = [("\n\n──────── next sample ────────\n\n", None)]
+
+def _separator(lang: str) -> Highlighted:
+    return [(text("data.next_sample", lang), None)]
 
 
 class DataActions:
     def __init__(self, ws: Workspace, max_upload_bytes: int = MAX_UPLOAD_BYTES):
         self.ws, self.max_upload_bytes = ws, max_upload_bytes
 
-    def upload(self, file_path: str | None) -> tuple[str, Any]:
+    def upload(self, file_path: str | None, lang: str = "en") -> tuple[str, Any]:
         """Copy an uploaded file into the data folder (plain name, data suffix only)."""
         if not file_path:
             return "", gr.skip()
         try:
             name = store_upload(self.ws, file_path, self.max_upload_bytes)
         except TunesmithError as exc:
-            return f"**Error**: {exc}", gr.skip()
+            return _error(exc, lang), gr.skip()
         choice = f"{self.ws.data_dir.name}/{name}"
-        return (f"Stored as `{choice}`.",
+        return (text("data.stored", lang, name=choice),
                 gr.update(choices=dataset_choices(self.ws.data_dir), value=choice))
 
     def preview(self, dataset: str | None, model: str | None, template: str,
-                cutoff_len: float, n_samples: float) -> tuple[str, Highlighted, str]:
+                cutoff_len: float, n_samples: float, lang: str = "en"
+                ) -> tuple[str, Highlighted, str, Any, str]:
+        """(figures, samples, bad rows and media errors, thumbnails, media token table)."""
         known = set(dataset_choices(self.ws.data_dir))
         problems = check_paths(self.ws, {"dataset": [dataset or ""],
                                          "model_name_or_path": model or ""},
                                known | set(model_choices(self.ws)))
         if not dataset or not model:
-            problems.append("pick a dataset and a model (its tokenizer renders the samples)")
+            problems.append(text("data.pick_dataset_and_model", lang))
         if problems:
-            return "**Error**: " + "; ".join(problems), [], ""
+            return _error("; ".join(problems), lang), [], "", gr.update(visible=False), ""
         local_model = self.ws.root / model
         name = dataset if "/" not in dataset and not (self.ws.root / dataset).exists() else str(
             self.ws.inside(dataset, "dataset"))
@@ -52,13 +57,26 @@ class DataActions:
                          on_bad_row="skip")
         try:
             view = inspect_dataset(name, cfg, str(local_model) if local_model.exists()
-                                   else model, template or "", int(n_samples))
+                                   else model, template or "", int(n_samples), lang)
         except TunesmithError as exc:
-            return f"**Error**: {exc}", [], ""
+            return _error(exc, lang), [], "", gr.update(visible=False), ""
         samples: Highlighted = []
         for i, sample in enumerate(view.samples):
-            samples += (SEPARATOR if i else []) + sample
-        return _figures_table(view.figures), samples, view.bad_rows
+            samples += (_separator(lang) if i else []) + sample
+        problems = "\n".join([view.bad_rows, *view.media.errors]).strip()
+        short = self._short
+        thumbs = [(img, short(c)) for img, c in view.media.thumbnails]
+        return (_figures_table(view.figures), [(short(t), k) for t, k in samples],
+                short(problems), gr.update(value=thumbs or None, visible=bool(thumbs)),
+                short(media_table(view.media, lang)))
+
+    def _short(self, s: str) -> str:
+        """Places inside the working folder as the user names them (data/x.json:3)."""
+        return s.replace(f"{self.ws.root}/", "")
+
+
+def _error(problem: Any, lang: str) -> str:
+    return f"**{text('common.error', lang)}**: {problem}"
 
 
 def _figures_table(figures: dict[str, Any]) -> str:
@@ -66,7 +84,7 @@ def _figures_table(figures: dict[str, Any]) -> str:
     return "| figure | value |\n|---|---|\n" + rows
 
 
-def build_data_tab(ws: Workspace, tr: Translator) -> dict[str, Any]:
+def build_data_tab(ws: Workspace, tr: Translator, lang: Any) -> dict[str, Any]:
     actions = DataActions(ws)
     with gr.Row():
         dataset = tr(gr.Dropdown, dataset_choices(ws.data_dir), value=None,
@@ -82,17 +100,21 @@ def build_data_tab(ws: Workspace, tr: Translator) -> dict[str, Any]:
                       allow_custom_value=True, filterable=True, elem_id="data-template")
         cutoff = gr.Number(2048, precision=0, minimum=8, label="cutoff_len")
         n_samples = tr(gr.Number, 3, precision=0, minimum=1, maximum=20,
-                       label="@data.samples_shown")
+                       label="@data.samples_shown", elem_id="data-samples-shown")
     preview_btn = tr(gr.Button, value="@data.preview", variant="primary",
                      elem_id="data-preview")
     message = gr.Markdown(elem_id="data-message")
     with gr.Row():
         figures = gr.Markdown(elem_id="data-figures")
-        bad_rows = tr(gr.Textbox, label="@data.bad_rows", lines=6)
-    samples = tr(gr.HighlightedText, label="@data.samples", color_map={"trained": "green"},
+        bad_rows = tr(gr.Textbox, label="@data.bad_rows", lines=6, elem_id="data-bad-rows")
+    samples = tr(gr.HighlightedText, label="@data.samples", color_map=COLORS,
                  show_legend=True, elem_id="data-samples")
+    with gr.Row():
+        thumbs = tr(gr.Gallery, label="@data.media", columns=4, height="auto",
+                    elem_id="data-media", min_width=240, visible=False)
+        media_tokens = gr.Markdown(elem_id="data-media-tokens", min_height=0)
     dataset.focus(lambda: gr.update(choices=dataset_choices(ws.data_dir)), None, dataset)
-    upload.upload(actions.upload, upload, [message, dataset])
-    preview_btn.click(actions.preview, [dataset, model, template, cutoff, n_samples],
-                      [figures, samples, bad_rows])
+    upload.upload(actions.upload, [upload, lang], [message, dataset])
+    preview_btn.click(actions.preview, [dataset, model, template, cutoff, n_samples, lang],
+                      [figures, samples, bad_rows, thumbs, media_tokens])
     return {"dataset": dataset}

@@ -14,16 +14,17 @@ from typing import Any
 
 import numpy as np
 
-from tunesmith.config.schema import DataConfig
-from tunesmith.data.encode import IGNORE_INDEX, EncodeOptions, encode_conversations, trained_spans
+from tunesmith.config.schema import Config, DataConfig
+from tunesmith.data.encode import IGNORE_INDEX, EncodeOptions, encode_conversations
 from tunesmith.data.loading import DataReport, load_conversations
+from tunesmith.data.preference import KTO_TAG
 from tunesmith.data.readers import FILE_SUFFIXES as DATA_FILE_SUFFIXES
 from tunesmith.data.registry import builtin_data_dir, resolve_dataset
 from tunesmith.data.template import ChatRenderer, load_template_source
 from tunesmith.models.loader import load_tokenizer
+from tunesmith.models.processor import load_vision_settings
 from tunesmith.models.provision import resolve_model_path
-
-Highlighted = list[tuple[str, str | None]]  # (text, "trained" or None)
+from tunesmith.webui.preview_rows import Highlighted, MediaPreview, media_preview, row_pieces
 
 
 @dataclass
@@ -31,6 +32,7 @@ class DatasetView:
     figures: dict[str, Any]
     samples: list[Highlighted] = field(default_factory=list)
     bad_rows: str = ""
+    media: MediaPreview = field(default_factory=MediaPreview)
 
 
 def dataset_choices(data_dir: Path) -> list[str]:
@@ -51,7 +53,7 @@ def dataset_choices(data_dir: Path) -> list[str]:
 
 
 def inspect_dataset(dataset: str, data_cfg: DataConfig, model_name_or_path: str,
-                    template: str, n_samples: int = 3) -> DatasetView:
+                    template: str, n_samples: int = 3, lang: str = "en") -> DatasetView:
     """Read `dataset` as training would and summarise it.
 
     Args:
@@ -59,9 +61,11 @@ def inspect_dataset(dataset: str, data_cfg: DataConfig, model_name_or_path: str,
         data_cfg: dataset_dir, cutoff_len, truncation and masking keys used for encoding.
         model_name_or_path: the model whose tokenizer (and chat template) to use.
         template: `template:` as in training (empty: the tokenizer's own).
-        n_samples: how many rendered samples to return.
+        n_samples: how many rendered samples (and rows with media) to return.
+        lang: the language of the headings inside samples and of the media messages.
     """
-    tokenizer = load_tokenizer(resolve_model_path(model_name_or_path, None))
+    model_path = resolve_model_path(model_name_or_path, None)
+    tokenizer = load_tokenizer(model_path)
     name, source = load_template_source(template, tokenizer)
     renderer = ChatRenderer(name, source, tokenizer)
     report = DataReport()
@@ -82,19 +86,23 @@ def inspect_dataset(dataset: str, data_cfg: DataConfig, model_name_or_path: str,
                "truncated_response": stats.truncated_response,
                "over_cutoff": len(stats.dropped_too_long),
                "no_trained_tokens": len(stats.no_trained_tokens)}
-    samples = [_highlight(renderer, c, opts) for c in convs[:n_samples]]
-    return DatasetView(figures, samples, report.bad_rows_text())
+    figures["rows_with_media"] = sum(1 for c in convs if c.images or c.videos)
+    figures.update(_kind_counts(convs))
+    samples = [row_pieces(renderer, c, opts, lang) for c in convs[:n_samples]]
+    media = MediaPreview()
+    if figures["rows_with_media"]:
+        vision = load_vision_settings(str(model_path), tokenizer, Config(data=data_cfg))
+        media = media_preview(convs, vision, renderer, tokenizer, opts, n_samples, lang)
+    return DatasetView(figures, samples, report.bad_rows_text(), media)
 
 
-def _highlight(renderer: ChatRenderer, conv: Any, opts: EncodeOptions) -> Highlighted:
-    """The rendered text cut into trained / not-trained pieces (before truncation)."""
-    rendered = renderer.render(conv)
-    text, pieces, pos = rendered.text, [], 0
-    for lo, hi in trained_spans(rendered.assistant_spans, len(text), opts):
-        if lo > pos:
-            pieces.append((text[pos:lo], None))
-        pieces.append((text[lo:hi], "trained"))
-        pos = hi
-    if pos < len(text):
-        pieces.append((text[pos:], None))
-    return pieces
+def _kind_counts(convs: list[Any]) -> dict[str, int]:
+    """Preference pairs and KTO labels among the rows (nothing for plain rows)."""
+    out = {}
+    pairs = sum(1 for c in convs if c.rejected is not None)
+    if pairs:
+        out["preference_pairs"] = pairs
+    labels = [bool(c.extra[KTO_TAG]) for c in convs if KTO_TAG in c.extra]
+    if labels:
+        out["kto_desirable"], out["kto_undesirable"] = sum(labels), len(labels) - sum(labels)
+    return out

@@ -2,7 +2,8 @@
 
 The trainer appends one JSON line per logged step (step, loss, lr, tokens_per_s,
 peak_mem_gb, elapsed_s, eta_s, total_steps), eval lines (eval_loss) and a `stopped` line
-on a graceful stop; the page re-reads the file on a timer.
+on a graceful stop; the page re-reads the file on a timer. Step lines also carry "mfu" when
+the device's peak is known, and the preference stages' metrics (REWARD_METRICS).
 """
 
 from __future__ import annotations
@@ -14,6 +15,12 @@ from typing import Any
 
 from tunesmith.runs.folder import read_metrics
 from tunesmith.webui.i18n import text
+
+# what the dpo / kto / rm objectives write per step (train/objectives/pairwise.py); eval
+# lines carry the same names prefixed "eval_" (the reward model's eval accuracy among them);
+# ppo writes its mean reward-model score as "reward" and its KL to the reference as "kl"
+REWARD_METRICS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies",
+                  "kl", "reward")
 
 
 @dataclass
@@ -32,6 +39,7 @@ class RunView:
     eval_loss: float | None = None
     stopped_at: int | None = None
     curve: list[dict[str, Any]] = field(default_factory=list)  # step, loss, series
+    rewards: list[dict[str, Any]] = field(default_factory=list)  # step, value, series
 
 
 def read_run(output_dir: Path) -> RunView:
@@ -43,6 +51,7 @@ def read_run(output_dir: Path) -> RunView:
         elif "eval_loss" in r:
             view.eval_loss = float(r["eval_loss"])
             view.curve.append({"step": r["step"], "loss": view.eval_loss, "series": "eval"})
+            _take_rewards(view, int(r["step"]), r, "eval_")
         elif "loss" in r:
             _take_step(view, r)
     return view
@@ -62,6 +71,15 @@ def _take_step(view: RunView, r: dict[str, Any]) -> None:
     view.eta_s = r.get("eta_s")
     if math.isfinite(view.loss):
         view.curve.append({"step": view.step, "loss": view.loss, "series": "train"})
+    _take_rewards(view, view.step, r, "")
+
+
+def _take_rewards(view: RunView, step: int, r: dict[str, Any], prefix: str) -> None:
+    for name in REWARD_METRICS:
+        value = r.get(prefix + name)
+        if isinstance(value, int | float) and math.isfinite(value):
+            series = ("eval " if prefix else "") + name.removeprefix("rewards/")
+            view.rewards.append({"step": step, "value": float(value), "series": series})
 
 
 def format_duration(seconds: float | None) -> str:

@@ -15,7 +15,7 @@ import gradio as gr
 
 from tunesmith.errors import ConfigError, TunesmithError
 from tunesmith.webui.data_view import dataset_choices
-from tunesmith.webui.i18n import Translator
+from tunesmith.webui.i18n import Translator, text
 from tunesmith.webui.jobs import RUNNING, JobRunner, command_text, tail_text
 from tunesmith.webui.runs import base_of, finished_runs, model_choices
 from tunesmith.webui.workspace import Workspace, check_paths
@@ -75,35 +75,40 @@ class ToolActions:
     def __init__(self, ws: Workspace, runner: JobRunner, command: str):
         self.ws, self.runner, self.command = ws, runner, command
 
-    def launch(self, cfg: dict[str, Any], out_key: str) -> tuple[str, Any]:
+    def launch(self, cfg: dict[str, Any], out_key: str, lang: str = "en") -> tuple[str, Any]:
         known = set(dataset_choices(self.ws.data_dir)) | set(model_choices(self.ws))
         problems = check_paths(self.ws, cfg, known)
         if problems:
             raise ConfigError(problems)
         out = self.ws.inside(str(cfg[out_key]), out_key)
         job = self.runner.launch(self.command, cfg, output_dir=str(out))
-        return (f"Started job `{job.id}`: `{command_text(self.command, job.config)}`",
+        return (text("train.started", lang, id=job.id,
+                     command=command_text(self.command, job.config)),
                 gr.update(choices=[j.id for j in self.runner.list(self.command)], value=job.id))
 
-    def watch(self, job_id: str | None) -> tuple[str, str, str]:
-        """(status line, log tail, results) of a job."""
+    def watch(self, job_id: str | None, lang: str = "en") -> tuple[str, str, str]:
+        """(status line, log tail, results) of a job. The line starts with the status word
+        in English in every language (the browser tests and scripts read it)."""
         if not job_id:
-            return f"No {self.command} job yet.", "", ""
+            return (text("tools.no_eval_job", lang) if self.command == "eval"
+                    else text("tools.no_export_job", lang)), "", ""
         try:
             job = self.runner.get(job_id)
         except TunesmithError as exc:
             return str(exc), "", ""
         status = self.runner.status(job)
-        line = f"{status}: job {job.id} · output {self.ws.relative(Path(job.output_dir))}"
-        results = "" if status == RUNNING else self._results(Path(job.output_dir))
+        line = text("tools.status_line", lang, status=status, id=job.id,
+                    output=self.ws.relative(Path(job.output_dir)))
+        results = "" if status == RUNNING else self._results(Path(job.output_dir), lang)
         return line, tail_text(job.log_path, lines=20), results
 
-    def _results(self, out: Path) -> str:
+    def _results(self, out: Path, lang: str) -> str:
         if not out.is_dir():
-            return "(no output folder)"
+            return text("tools.no_output_folder", lang)
         if self.command == "eval":
             found = {p.name: _read_json(p) for p in sorted(out.glob("*.json"))}
-            return json.dumps(found, indent=1)[:20000] if found else "(no results file)"
+            return (json.dumps(found, indent=1, ensure_ascii=False)[:20000] if found
+                    else text("tools.no_results_file", lang))
         files = sorted(p for p in out.rglob("*") if p.is_file())
         return f"{out}\n" + "\n".join(f"  {p.relative_to(out)}  {p.stat().st_size / 2**20:.2f} MiB"
                                       for p in files)
@@ -117,8 +122,8 @@ class ToolActions:
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return "(unreadable)"
+    except (OSError, json.JSONDecodeError) as exc:
+        return f"({path.name}: {exc})"
 
 
 def _job_panel(prefix: str, tr: Translator) -> tuple[Any, Any, Any, Any]:
@@ -129,7 +134,12 @@ def _job_panel(prefix: str, tr: Translator) -> tuple[Any, Any, Any, Any]:
     return job_box, status, log_box, results
 
 
-def build_eval_tab(ws: Workspace, runner: JobRunner, tr: Translator) -> dict[str, Any]:
+def _error(exc: Exception | str, lang: str) -> str:
+    return f"**{text('common.error', lang)}**: {exc}"
+
+
+def build_eval_tab(ws: Workspace, runner: JobRunner, tr: Translator, lang: Any
+                   ) -> dict[str, Any]:
     actions = ToolActions(ws, runner, "eval")
     with gr.Row():
         run = tr(gr.Dropdown, finished_runs(ws), value=None, label="@tools.run",
@@ -158,27 +168,28 @@ def build_eval_tab(ws: Workspace, runner: JobRunner, tr: Translator) -> dict[str
     job_box, status, log_box, results = _job_panel("eval", tr)
 
     def start_eval(run_v, mode_v, out_v, data_v, cutoff_v, max_s, max_n, task_v, task_dir_v,
-                   n_shot_v):
+                   n_shot_v, lang_v):
         fields = {"eval_dataset": data_v, "dataset_dir": "data", "cutoff_len": cutoff_v,
                   "max_samples": max_s, "max_new_tokens": max_n, "task": task_v,
                   "task_dir": task_dir_v, "n_shot": n_shot_v, "output_dir": out_v}
         try:
             if not run_v:
-                raise ConfigError("run: pick a finished run or checkpoint")
-            return actions.launch(eval_config(ws, run_v, mode_v, fields), "output_dir")
+                raise ConfigError(text("tools.pick_run", lang_v))
+            return actions.launch(eval_config(ws, run_v, mode_v, fields), "output_dir", lang_v)
         except TunesmithError as exc:
-            return f"**Error**: {exc}", gr.skip()
+            return _error(exc, lang_v), gr.skip()
 
     run.focus(lambda: gr.update(choices=finished_runs(ws)), None, run)
     run.change(lambda r: f"{r}-eval" if r else gr.skip(), run, out)
     start.click(start_eval, [run, mode, out, data, cutoff, max_samples, max_new, task, task_dir,
-                             n_shot], [message, job_box])
-    gr.Timer(1.0).tick(actions.watch, job_box, [status, log_box, results],
+                             n_shot, lang], [message, job_box])
+    gr.Timer(1.0).tick(actions.watch, [job_box, lang], [status, log_box, results],
                        show_progress="hidden")
     return {"run": run, "job_box": job_box, "jobs": actions.jobs}
 
 
-def build_export_tab(ws: Workspace, runner: JobRunner, tr: Translator) -> dict[str, Any]:
+def build_export_tab(ws: Workspace, runner: JobRunner, tr: Translator, lang: Any
+                     ) -> dict[str, Any]:
     actions = ToolActions(ws, runner, "export")
     with gr.Row():
         run = tr(gr.Dropdown, finished_runs(ws), value=None, label="@tools.run",
@@ -196,18 +207,18 @@ def build_export_tab(ws: Workspace, runner: JobRunner, tr: Translator) -> dict[s
     message = gr.Markdown(elem_id="export-message")
     job_box, status, log_box, results = _job_panel("export", tr)
 
-    def start_export(run_v, out_v, fmt_v, gtype_v, size_v):
+    def start_export(run_v, out_v, fmt_v, gtype_v, size_v, lang_v):
         try:
             if not run_v:
-                raise ConfigError("run: pick a finished run or checkpoint")
+                raise ConfigError(text("tools.pick_run", lang_v))
             return actions.launch(export_config(ws, run_v, out_v, fmt_v, gtype_v, size_v),
-                                  "export_dir")
+                                  "export_dir", lang_v)
         except TunesmithError as exc:
-            return f"**Error**: {exc}", gr.skip()
+            return _error(exc, lang_v), gr.skip()
 
     run.focus(lambda: gr.update(choices=finished_runs(ws)), None, run)
     run.change(lambda r: f"exports/{Path(r).name}" if r else gr.skip(), run, out)
-    start.click(start_export, [run, out, fmt, gtype, size], [message, job_box])
-    gr.Timer(1.0).tick(actions.watch, job_box, [status, log_box, results],
+    start.click(start_export, [run, out, fmt, gtype, size, lang], [message, job_box])
+    gr.Timer(1.0).tick(actions.watch, [job_box, lang], [status, log_box, results],
                        show_progress="hidden")
     return {"run": run, "job_box": job_box, "jobs": actions.jobs}

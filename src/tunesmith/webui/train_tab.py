@@ -29,6 +29,14 @@ from tunesmith.webui.model_hint import propose_template
 from tunesmith.webui.monitor import RunView, figures_text, progress_text, read_run
 from tunesmith.webui.presets import PRESET_CHOICES, preset_values
 from tunesmith.webui.runs import model_choices
+from tunesmith.webui.stage_form import (
+    STAGE_KEYS,
+    STAGE_SECTIONS,
+    section_visible,
+    stage_defaults,
+    stage_problems,
+    visible,
+)
 from tunesmith.webui.workspace import Workspace, check_paths
 
 MULTISELECT_KEYS = ("dataset", "eval_dataset")  # lists shown as a multi-select of datasets
@@ -37,7 +45,7 @@ MULTISELECT_KEYS = ("dataset", "eval_dataset")  # lists shown as a multi-select 
 def _widget(spec: FieldSpec, ws: Workspace, tr: Translator) -> gr.components.Component:
     """One form widget for one config key; the key is its label, the help its info."""
     common = dict(label=spec.key, info=f"@field:{spec.key}", elem_id=f"cfg-{spec.key}",
-                  min_width=240)
+                  min_width=240, visible=visible(spec.key, "sft"))
     if spec.key == "model_name_or_path":
         return tr(gr.Dropdown, model_choices(ws), value=None, allow_custom_value=True,
                   **common)
@@ -60,13 +68,18 @@ def _widget(spec: FieldSpec, ws: Workspace, tr: Translator) -> gr.components.Com
     return tr(gr.Textbox, value=widget_value(spec, spec.default), **common)
 
 
-def build_form(ws: Workspace, tr: Translator) -> dict[str, gr.components.Component]:
-    """Every config key as a widget, grouped by schema section; advanced keys folded."""
+def build_form(ws: Workspace, tr: Translator, accordions: dict[str, Any] | None = None
+               ) -> dict[str, gr.components.Component]:
+    """Every config key as a widget, grouped by schema section; advanced keys folded.
+    `accordions` receives the sections whose keys belong to some stages only."""
     specs = form_fields()
     widgets: dict[str, gr.components.Component] = {}
     for section in SECTIONS:
         mine = [s for s in specs if s.section == section]
-        with tr(gr.Accordion, label=f"@section.{section}", open=True):
+        with tr(gr.Accordion, label=f"@section.{section}", open=True,
+                visible=section_visible(section, "sft"), elem_id=f"section-{section}") as box:
+            if section in STAGE_SECTIONS and accordions is not None:
+                accordions[section] = box
             _place(widgets, [s for s in mine if not s.advanced], ws, tr)
             advanced = [s for s in mine if s.advanced]
             if advanced:
@@ -114,7 +127,8 @@ class TrainActions:
             hw_keys, env = {}, {}
             problems += exc.problems
         form.update({k: v for k, v in hw_keys.items() if k in form})
-        changed, cfg = form_to_config(form)
+        changed, cfg = form_to_config(stage_defaults(form, {s.key: s for s in form_fields()}))
+        problems += stage_problems(cfg, self.ws.root, lang)
         known = set(dataset_choices(self.ws.data_dir)) | set(model_choices(self.ws))
         problems += check_paths(self.ws, cfg.to_flat(), known)
         for key in ("model_name_or_path", "dataset", "output_dir"):
@@ -169,6 +183,13 @@ class TrainActions:
             return _error(exc, lang)
         return text("train.stop_requested", lang, id=job_id)
 
+    def stage_view(self, stage: str | None) -> list[Any]:
+        """Show the chosen stage's keys, hide the rest (widgets of STAGE_KEYS in order, then
+        the stage-only sections)."""
+        stage = stage or "sft"
+        return ([gr.update(visible=visible(k, stage)) for k in STAGE_KEYS if k in self.keys]
+                + [gr.update(visible=section_visible(s, stage)) for s in STAGE_SECTIONS])
+
     def apply_preset(self, name: str) -> list[Any]:
         """The levers a preset sets (others untouched)."""
         return [gr.skip() if v is None else v for v in preset_values(name, self.keys)]
@@ -205,21 +226,27 @@ class TrainActions:
         return gr.update(choices=[j.id for j in jobs], value=value)
 
     def watch(self, job_id: str | None, shown: str = "", lang: str = "en"
-              ) -> tuple[str, str, Any, str, str]:
-        """Progress, figures, loss curve, log tail of a job, and the key of the curve now
-        shown (the timer calls this; an unchanged curve is not sent again)."""
+              ) -> tuple[str, str, Any, Any, str, str]:
+        """Progress, figures, loss curve, reward curves (preference runs; hidden otherwise),
+        log tail of a job, and the key of the curves now shown (the timer calls this;
+        unchanged curves are not sent again)."""
         if not job_id:
-            return text("train.no_job_yet", lang), figures_text(RunView(), lang), None, "", ""
+            return (text("train.no_job_yet", lang), figures_text(RunView(), lang), None,
+                    gr.update(visible=False), "", "")
         try:
             job = self.runner.get(job_id)
         except TunesmithError as exc:
-            return _error(exc, lang), "", None, "", ""
+            return _error(exc, lang), "", None, gr.update(visible=False), "", ""
         view = read_run(Path(job.output_dir))
-        key = f"{job_id}:{len(view.curve)}:{lang}"
-        curve = (pd.DataFrame(view.curve) if view.curve else None) if key != shown else (
-            gr.skip())
+        key = f"{job_id}:{len(view.curve)}:{len(view.rewards)}:{lang}"
+        if key == shown:
+            curve, rewards = gr.skip(), gr.skip()
+        else:
+            curve = pd.DataFrame(view.curve) if view.curve else None
+            rewards = gr.update(value=pd.DataFrame(view.rewards) if view.rewards else None,
+                                visible=bool(view.rewards))
         return (progress_text(view, self.runner.status(job), lang), figures_text(view, lang),
-                curve, tail_text(job.log_path, lines=25), key)
+                curve, rewards, tail_text(job.log_path, lines=25), key)
 
 
 def _check_output_dir(out: Path, cfg: Any) -> None:
@@ -267,7 +294,8 @@ def build_train_tab(ws: Workspace, runner: JobRunner, tr: Translator, lang: Any
             preset = tr(gr.Dropdown, list(PRESET_CHOICES), value="custom",
                         label="@train.preset", info="@train.preset_info",
                         elem_id="train-preset")
-            widgets = build_form(ws, tr)
+            accordions: dict[str, Any] = {}
+            widgets = build_form(ws, tr, accordions)
             hardware = _hardware_section(tr)
         with gr.Column(scale=2, min_width=300):
             with gr.Row():
@@ -284,8 +312,12 @@ def build_train_tab(ws: Workspace, runner: JobRunner, tr: Translator, lang: Any
                          elem_id="train-job")
             progress = tr(gr.Textbox, label="@train.progress", elem_id="train-progress")
             figures = gr.Markdown(elem_id="train-figures")
-            plot = gr.LinePlot(x="step", y="loss", color="series", title="loss",
-                               elem_id="train-plot")
+            with gr.Row():
+                plot = gr.LinePlot(x="step", y="loss", color="series", title="loss",
+                                   elem_id="train-plot", min_width=260)
+                # dpo / kto / rm runs: rewards/chosen, rejected, margins, accuracies
+                rewards = gr.LinePlot(x="step", y="value", color="series", title="rewards",
+                                      elem_id="train-rewards", visible=False, min_width=260)
             log_box = tr(gr.Textbox, label="@job.log", lines=10, max_lines=10,
                          elem_id="train-log")
             with tr(gr.Accordion, label="@train.command_preview", open=True):
@@ -303,6 +335,9 @@ def build_train_tab(ws: Workspace, runner: JobRunner, tr: Translator, lang: Any
                      [message, job_box, widgets["resume_from_checkpoint"]])
     stop_btn.click(actions.stop, [job_box, lang], message)
     preset.input(actions.apply_preset, preset, inputs)
+    widgets["stage"].change(actions.stage_view, widgets["stage"],
+                            [widgets[k] for k in STAGE_KEYS if k in widgets]
+                            + [accordions[s] for s in STAGE_SECTIONS], show_progress="hidden")
     widgets["model_name_or_path"].change(actions.propose_template,
                                          [widgets["model_name_or_path"], lang],
                                          [widgets["template"], template_hint])
@@ -310,7 +345,7 @@ def build_train_tab(ws: Workspace, runner: JobRunner, tr: Translator, lang: Any
         widgets[key].focus(lambda: gr.update(choices=dataset_choices(ws.data_dir)), None,
                            widgets[key])
     shown = gr.State("")  # which curve this page shows, so an unchanged one is not resent
-    watch_out = [progress, figures, plot, log_box, shown]
+    watch_out = [progress, figures, plot, rewards, log_box, shown]
     timer.tick(actions.watch, [job_box, shown, lang], watch_out, show_progress="hidden")
     job_box.change(actions.watch, [job_box, gr.State(""), lang], watch_out,
                    show_progress="hidden")
