@@ -50,10 +50,12 @@ def test_defaults_pick_varlen_and_compile_on_gpu(tmp_path, tiny_llama_dir, alpac
     assert sp["attention"] == VARLEN_ATTENTION and sp["attention_reason"].startswith("auto")
     assert sp["compile"] and sp["compiled_graphs"] > 0 and sp["compile_fallback"] == ""
     assert summary["performance"]["steady_mfu"] is None or summary["performance"]["steady_mfu"] > 0
-    # the device's peak is known on a data-centre GPU, so every step record carries live MFU
+    # the device's peak is known on a data-centre GPU, so every step record with a rate
+    # carries live MFU (the first step has no rate yet: it holds the compile warm-up)
     steps = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").open()
              if '"loss"' in line and '"eval' not in line]
-    assert steps and all(0 < r["mfu"] < 1 for r in steps), steps[:2]
+    timed = [r for r in steps if r["tokens_per_s"] > 0]
+    assert timed and all(0 < r["mfu"] < 1 for r in timed), steps
 
 
 def test_varlen_flash_kernel_runs_inside_compiled_recompute(tmp_path, tiny_llama_dir,
