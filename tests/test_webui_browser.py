@@ -39,7 +39,7 @@ def browser_tab(tiny_llama_dir, tmp_path_factory):
 
 @pytest.fixture
 def page(browser_tab):
-    browser_tab.reload()  # each test starts from a fresh page (jobs live on, on disk)
+    browser_tab.reload(timeout=60_000)  # each test starts from a fresh page (jobs live on, on disk)
     return browser_tab
 
 
