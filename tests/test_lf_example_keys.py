@@ -56,8 +56,9 @@ def test_train_on_the_token_file_says_what_it_is(capsys):
 
 @pytest.mark.parametrize("ds_config", ["ds_z3_config.json"])
 def test_deepspeed_runs_in_one_process_without_a_launcher(ds_config, tmp_path, tiny_llama_dir,
-                                                          alpaca_file):
+                                                          alpaca_file, monkeypatch):
     pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    monkeypatch.delenv("LOCAL_RANK", raising=False)  # the run sets it: removed after the test
     path = write_run_yaml("train_full/qwen3_full_sft.yaml", str(tiny_llama_dir),
                           str(alpaca_file), tmp_path, **FAST,
                           deepspeed=str(DEEPSPEED / ds_config))

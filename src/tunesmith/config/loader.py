@@ -223,6 +223,9 @@ def check_values(cfg: Config) -> list[tuple[str, str]]:
     if 1 <= cfg.data.val_size and not float(cfg.data.val_size).is_integer():
         out.append(("val_size", f"val_size {cfg.data.val_size} must be a fraction below 1 or "
                                 "a whole count of samples"))
+    if cfg.data.eval_on_each_dataset and not cfg.data.eval_dataset:
+        out.append(("eval_on_each_dataset", "eval_on_each_dataset: true needs eval_dataset "
+                    "(the datasets to evaluate one by one); set eval_dataset or remove it"))
     out += speed_conflicts(cfg)
     return out
 

@@ -90,8 +90,8 @@ def load_ds_config(cfg: TrainingConfig, ctx: DistContext) -> dict[str, Any]:
 def join_single_rank_group(ctx: DistContext) -> None:
     """DeepSpeed runs inside a process group even in one process (`tunesmith train` with a
     deepspeed key and no launcher, as LLaMA-Factory's single-GPU examples are run): form a
-    1-rank group over an in-memory store (no port). DeepSpeed's engine also insists on
-    LOCAL_RANK, which a launcher would have set: it is set to 0 here."""
+    1-rank group over an in-memory store (no port). DeepSpeed also reads LOCAL_RANK, which a
+    launcher would have set, while it trains: it is set to 0 for the rest of the process."""
     import os
 
     import torch.distributed as dist
