@@ -12,13 +12,17 @@ Each YAML is changed only in
     -> the same relative path under the work dir, so one example's output feeds the next
     exactly as in LLaMA-Factory (train_lora/qwen3_lora_sft -> merge_lora/qwen3_lora_sft);
   - deepspeed: examples/deepspeed/X -> tests/fixtures/llamafactory_deepspeed/X (a copy);
-  - a step cap: max_steps (default 1) and cutoff_len (default 128); predict YAMLs get
-    max_new_tokens 16 instead (generation length is their cost), inference YAMLs one prompt
-    of 16 tokens;
+  - a step cap: max_steps (default 1), gradient_accumulation_steps 1 (a step is one
+    micro-batch of the example's per_device_train_batch_size: on a shared 2-core CPU one
+    step of 8 accumulated samples of SmolLM2 takes minutes) and cutoff_len (default 128);
+    predict YAMLs get max_new_tokens 16 instead (generation length is their cost),
+    inference YAMLs one prompt of 16 tokens;
   - where the example cannot mean SmolLM2: template llama3 (its <|eot_id|> and
     <|start_header_id|> are not in SmolLM2's vocabulary; tunesmith refuses rather than
-    grow the vocabulary) -> the tokenizer's own template, and the ASFT examples' datasets
-    (med, math: not in LLaMA-Factory's demo folder) -> alpaca_en_demo. The table says so.
+    grow the vocabulary) -> the tokenizer's own template; the ASFT examples' datasets
+    (med, math: not in LLaMA-Factory's demo folder) -> alpaca_en_demo; LLaMA Pro's
+    freeze_trainable_layers 8 (its expanded 40-layer model) -> 6, which divides SmolLM2's
+    30 layers (LLaMA-Factory refuses 8 on 30 layers as tunesmith does). The table says so.
 Everything else (template, LoRA/optimizer keys, batch size, accumulation, bf16, workers,
 max_samples, ...) is LLaMA-Factory's value. Every YAML runs as its own `python -m tunesmith
 train|export|chat` process. A YAML is "run" when that command exits 0; its steps and final
@@ -79,7 +83,7 @@ NOT_RUN_HERE: dict[str, str] = {
 }
 # example keys that name something SmolLM2 or the demo folder lacks -> stand-in (see doc)
 STAND_INS = {("template", "llama3"): "", ("dataset", "med"): "alpaca_en_demo",
-             ("dataset", "math"): "alpaca_en_demo"}
+             ("dataset", "math"): "alpaca_en_demo", ("freeze_trainable_layers", 8): 6}
 # examples whose output a later example reads run first (LLaMA-Factory's README order)
 FIRST = ("train_lora/qwen3_lora_sft.yaml", "train_full/qwen3_full_sft.yaml")
 LAST_PREFIXES = ("extras/nlg_eval/", "merge_lora/", "inference/")
@@ -129,7 +133,8 @@ def run_keys(example: str, work: Path, steps: int, cutoff_len: int = 128) -> dic
     if data.get("do_predict") or data.get("predict_with_generate"):
         data["max_new_tokens"] = GEN_TOKENS
     else:
-        data.update(max_steps=steps, cutoff_len=min(cutoff_len, data.get("cutoff_len", 1024)))
+        data.update(max_steps=steps, gradient_accumulation_steps=1,
+                    cutoff_len=min(cutoff_len, data.get("cutoff_len", 1024)))
     return data
 
 
@@ -153,7 +158,8 @@ def loader_verdict(example: str, work: Path) -> str:
     try:
         build_config(substituted(EXAMPLES / example, MODEL, work))
     except ConfigError as exc:
-        lines = [x.strip() for x in str(exc).splitlines() if x.strip()]
+        lines = [x.strip(" -") for x in str(exc).replace(f"{ROOT}/", "").splitlines()
+                 if x.strip()]
         return lines[1] if len(lines) > 1 else lines[0]
     return ""
 
@@ -240,11 +246,13 @@ def render_table(outcomes: list[Outcome], steps: int, cutoff_len: int) -> str:
         "what is substituted): each of LLaMA-Factory 0.9.5's example YAMLs with only the "
         "model (smollm2-135m-instruct), the data folder (LLaMA-Factory's `data/`, "
         "tests/fixtures/llamafactory_data), the output paths (under a work folder, so one "
-        f"example's output feeds the next) and a step cap (max_steps {steps}, cutoff_len "
+        f"example's output feeds the next) and a step cap (max_steps {steps}, "
+        f"gradient_accumulation_steps 1, cutoff_len "
         f"{cutoff_len}; predict and chat YAMLs {GEN_TOKENS} new tokens) changed, and the "
         "stand-ins the notes name where an example names a template or dataset SmolLM2 or "
         "the demo folder lacks; each runs as its own "
-        "`tunesmith train|export|chat` process on a 2-core CPU (shared; seconds are wall "
+        "`tunesmith train|export|chat` process on a 2-core CPU shared with other jobs "
+        f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; seconds are wall "
         "time including start-up and model loading).",
         "",
         f"Accepted by the config loader: {accepted} of {len(outcomes)}; run here: "
@@ -270,7 +278,10 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated example names")
     parser.add_argument("--work", default="", help="work folder (default: a fresh temp dir)")
     parser.add_argument("--timeout", type=int, default=900)
-    parser.add_argument("--out", default=str(ROOT / "docs" / "lf_examples_smollm2.md"))
+    parser.add_argument("--reuse", default="", help="outcomes.json of an earlier walk: its "
+                        "rows stand for the examples not in --only (the table covers both)")
+    parser.add_argument("--out", default="", help="the table (default: "
+                        "docs/lf_examples_smollm2.md when all examples run, else none)")
     ns = parser.parse_args()
     import tempfile
 
@@ -278,10 +289,15 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     only = [x for x in ns.only.split(",") if x]
     outcomes = walk(work, ns.steps, ns.cutoff_len, only, ns.timeout)
+    if ns.reuse:
+        fresh = {o.example for o in outcomes}
+        earlier = json.loads(Path(ns.reuse).read_text(encoding="utf-8"))
+        outcomes += [Outcome(**o) for o in earlier if o["example"] not in fresh]
     (work / "outcomes.json").write_text(json.dumps([o.__dict__ for o in outcomes], indent=1))
-    if not only:
-        Path(ns.out).write_text(render_table(outcomes, ns.steps, ns.cutoff_len), encoding="utf-8")
-        print(f"wrote {ns.out}")
+    out = ns.out or ("" if only else str(ROOT / "docs" / "lf_examples_smollm2.md"))
+    if out:
+        Path(out).write_text(render_table(outcomes, ns.steps, ns.cutoff_len), encoding="utf-8")
+        print(f"wrote {out}")
     return 1 if any(o.status == "failed" for o in outcomes) else 0
 
 
