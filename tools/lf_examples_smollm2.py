@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -51,8 +52,8 @@ MODEL = "smollm2-135m-instruct"
 OUTPUT_KEYS = ("output_dir", "adapter_name_or_path", "export_dir", "tokenized_path")
 GEN_TOKENS = 16
 
-_VL = "vision-language model; SmolLM2-135M is text-only (the vision examples run on a tiny "\
-      "Qwen2-VL in tests/test_vision_llamafactory.py)"
+_VL = "vision-language model; SmolLM2-135M is text-only (train_lora/qwen3vl_lora_sft.yaml "\
+      "runs on a tiny Qwen2-VL in tests/test_vision_llamafactory.py)"
 _PREQUANT = "a pre-quantised checkpoint ({}): its kernels need a CUDA GPU and no such "\
             "SmolLM2 checkpoint exists offline"
 # example -> why it is not run on this CPU machine (the loader still has to accept it)
@@ -173,6 +174,7 @@ def run_example(example: str, work: Path, steps: int, cutoff_len: int, timeout: 
     if verb_of(example) == "chat":
         command += ["--prompt", "Who are you?", "--max_new_tokens", str(GEN_TOKENS),
                     "--temperature", "0"]
+    cleared = clear_export_dir(keys) if verb_of(example) == "export" else ""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     start = time.perf_counter()
     try:
@@ -191,7 +193,19 @@ def run_example(example: str, work: Path, steps: int, cutoff_len: int, timeout: 
     replaced = stand_ins(yaml.safe_load((EXAMPLES / example).read_text(encoding="utf-8")))
     note = describe_output(example, keys, done.stdout)
     return Outcome(example, "run", *summary_figures(keys), seconds=seconds,
-                   note="; ".join([note, *replaced]))
+                   note="; ".join([note, *replaced, *([cleared] if cleared else [])]))
+
+
+def clear_export_dir(keys: dict[str, Any]) -> str:
+    """Two merge examples export to saves/qwen3_sft_merged. LLaMA-Factory writes over it;
+    tunesmith refuses a non-empty export_dir without overwrite_output_dir, so the walk
+    removes an earlier example's export first (as a user running one merge would have
+    none) and says so in the table."""
+    folder = Path(keys.get("export_dir", ""))
+    if not keys.get("export_dir") or not folder.is_dir() or not any(folder.iterdir()):
+        return ""
+    shutil.rmtree(folder)
+    return f"removed the earlier export in {folder.name} first"
 
 
 def summary_figures(keys: dict[str, Any]) -> tuple[int | None, float | None]:
@@ -249,15 +263,15 @@ def render_table(outcomes: list[Outcome], steps: int, cutoff_len: int) -> str:
         f"example's output feeds the next) and a step cap (max_steps {steps}, "
         f"gradient_accumulation_steps 1, cutoff_len "
         f"{cutoff_len}; predict and chat YAMLs {GEN_TOKENS} new tokens) changed, and the "
-        "stand-ins the notes name where an example names a template or dataset SmolLM2 or "
-        "the demo folder lacks; each runs as its own "
+        "stand-ins the notes name where an example names a template, dataset or layer "
+        "count SmolLM2 or the demo folder lacks; each runs as its own "
         "`tunesmith train|export|chat` process on a 2-core CPU shared with other jobs "
         f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; seconds are wall "
         "time including start-up and model loading).",
         "",
         f"Accepted by the config loader: {accepted} of {len(outcomes)}; run here: "
-        f"{counts['run']}; failed: {counts['failed']}; not run here (GPU, NPU or vision "
-        f"model): {counts['not run here']}; refused: {counts['refused']}.",
+        f"{counts['run']}; failed: {counts['failed']}; not run here (needs a GPU or a "
+        f"vision model): {counts['not run here']}; refused: {counts['refused']}.",
         "",
         "| example | status | steps | final loss | seconds | notes |",
         "| --- | --- | --- | --- | --- | --- |",
