@@ -211,8 +211,7 @@ class Trainer:
     # ----- evaluation ----------------------------------------------------------------
     @torch.no_grad()
     def evaluate(self, subset: list[int] | None = None) -> float | None:
-        """Mean loss per target token over the validation set (or the samples at `subset`),
-        each rank taking a shard."""
+        """Mean loss per target token over the validation set (or its `subset`), by shards."""
         picks = list(range(len(self.val))) if subset is None else subset
         if not picks:
             return None
@@ -384,8 +383,7 @@ class Trainer:
     def _log_eval(self) -> float | None:
         loss = self.evaluate()
         extra = objective_metrics(self.objective, "eval", self.ctx)  # every rank takes part
-        extra.update({f"eval_{name}_loss": self.evaluate(picks)
-                      for name, picks in self.eval_groups.items()})
+        extra.update({f"eval_{n}_loss": self.evaluate(p) for n, p in self.eval_groups.items()})
         if loss is not None and self.ctx.is_main:
             ppl = math.exp(min(loss, 50.0))
             self._write_metrics({"step": self.state.step, "eval_loss": loss, "eval_ppl": ppl,
