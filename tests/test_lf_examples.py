@@ -13,9 +13,8 @@ from tunesmith.errors import ConfigError
 # verbs) only shrinks this; a YAML refused for a reason not listed here fails the test.
 EXPECTED_REFUSED = {
     "extras/mod/llama3_full_sft.yaml": "refused by tunesmith",  # mixture_of_depths
-    "extras/multi_tokens/tokens_cfg.yaml": "unknown key",  # a token list, not a config
+    "extras/multi_tokens/tokens_cfg.yaml": "is not a training config",  # a token file
     "extras/oft/qwen2_5vl_oft_sft.yaml": "not supported by tunesmith yet",
-    "train_full/mossvl_full_sft.yaml": "not supported by tunesmith yet",
     "train_full/qwen3vl_full_sft.yaml": "not supported by tunesmith yet",
     "train_lora/mossvl_lora_sft.yaml": "not supported by tunesmith yet",
     "train_lora/qwen3_lora_dpo.yaml": "not supported by tunesmith yet",

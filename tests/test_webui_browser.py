@@ -123,7 +123,7 @@ def test_train_watch_stop_resume_then_chat(page):
                                      "the first logged steps")
     assert total == 20000
     job_id = field(page, "train-job").input_value()
-    page.reload()  # the browser goes away and comes back: the job runs on and is shown
+    page.reload(timeout=60_000)  # the browser goes away and comes back: the job runs on and is shown
     page.get_by_role("tab", name="Train").click()
     _wait_progress(page, lambda s, k, n: s == "running" and k > first, 30, "the reopened page")
     assert field(page, "train-job").input_value() == job_id

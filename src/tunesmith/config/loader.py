@@ -89,8 +89,25 @@ def read_yaml(path: str | Path) -> RawConfig:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: the top level must be a mapping of key: value")
+    if _is_token_file(data):
+        raise ConfigError(token_file_message(p, data))
     lines = {k.value: k.start_mark.line + 1 for k, _ in node.value} if node else {}
     return {str(k): (v, f"{p}:{lines.get(k, '?')}") for k, v in data.items()}
+
+
+def _is_token_file(data: dict) -> bool:
+    """A mapping of special tokens ('<|x|>', '<x>') to descriptions, as LLaMA-Factory's
+    new_special_tokens_config reads (its extras/multi_tokens/tokens_cfg.yaml)."""
+    return bool(data) and all(isinstance(k, str) and k.startswith("<") and k.endswith(">")
+                              and isinstance(v, str) for k, v in data.items())
+
+
+def token_file_message(path: Path, data: dict) -> str:
+    shown = ", ".join(list(data)[:3])
+    return (f"{path} is not a training config: it maps {len(data)} special tokens ({shown}, "
+            "...) to descriptions, a token file for new_special_tokens_config. Name it from a "
+            f"training YAML instead: `new_special_tokens_config: {path}` (and "
+            "init_special_tokens: desc_init to start each new embedding from its description)")
 
 
 def load_config(path: str | Path | None = None, overrides: RawConfig | dict | None = None,
@@ -206,6 +223,9 @@ def check_values(cfg: Config) -> list[tuple[str, str]]:
     if 1 <= cfg.data.val_size and not float(cfg.data.val_size).is_integer():
         out.append(("val_size", f"val_size {cfg.data.val_size} must be a fraction below 1 or "
                                 "a whole count of samples"))
+    if cfg.data.eval_on_each_dataset and not cfg.data.eval_dataset:
+        out.append(("eval_on_each_dataset", "eval_on_each_dataset: true needs eval_dataset "
+                    "(the datasets to evaluate one by one); set eval_dataset or remove it"))
     out += speed_conflicts(cfg)
     return out
 

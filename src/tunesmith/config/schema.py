@@ -70,6 +70,9 @@ class DataConfig:
     dataset: list[str] = opt([], "Training dataset(s): names in dataset_dir/dataset_info.json, "
                                  "built-in names (identity), or file paths; comma-separated.")
     eval_dataset: list[str] = opt([], "Evaluation dataset(s), same forms as dataset.")
+    eval_on_each_dataset: bool = opt(
+        False, "Also log the loss of each eval_dataset on its own, as eval_<name>_loss "
+        "(eval_loss stays the loss over all of them).", advanced=True)
     dataset_dir: str = opt("data", "Folder holding dataset_info.json and the data files.")
     dataset_vars: dict = opt({}, "Values for {{placeholders}} in dataset text, e.g. "
                                  "{name: Tuney, author: Ada}.")

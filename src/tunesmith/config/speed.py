@@ -11,6 +11,8 @@ say two different things, and `models/speed.py` resolves them into one plan.
     disable_gradient_checkpointing: true -> no recompute; false (LLaMA-Factory's default,
         written out) -> recompute every decoder layer
     use_unsloth_gc: recompute with the saved layer inputs parked in CPU memory (offload)
+    gradient_checkpointing_kwargs: transformers' keyword arguments of torch's checkpoint;
+        use_reentrant is honoured (it sets use_reentrant_gc), any other key is refused
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class SpeedConfig:
         False, "Reentrant activation checkpointing (LLaMA-Factory's default is true; tunesmith's "
         "is false, which works with selective recompute and compilation; results are the "
         "same).", advanced=True)
+    gradient_checkpointing_kwargs: dict = opt(
+        {}, "transformers' key: keyword arguments of torch's activation checkpointing. "
+        "tunesmith honours use_reentrant (the same as use_reentrant_gc) and refuses any "
+        "other.", advanced=True)
     upcast_layernorm: bool = opt(
         False, "Keep the norm weights in fp32 when the base model is loaded in bf16/fp16.",
         advanced=True)
@@ -77,10 +83,36 @@ def speed_conflicts(cfg: Config) -> list[tuple[str, str]]:
     if s.use_unsloth_gc and gc == "selective":
         out.append(("use_unsloth_gc", "use_unsloth_gc: true (offloaded checkpointing) "
                     "contradicts gradient_checkpointing: selective; keep one of them"))
-    if s.use_reentrant_gc and gc == "selective":
-        out.append(("use_reentrant_gc", "use_reentrant_gc: true cannot run selective "
-                    "recompute (it needs non-reentrant checkpointing); set it to false"))
+    out += _checkpointing_kwargs_problems(s)
+    if reentrant(s) and gc == "selective":
+        key = ("gradient_checkpointing_kwargs" if "use_reentrant" in s.gradient_checkpointing_kwargs
+               else "use_reentrant_gc")
+        out.append((key, f"{key}: reentrant checkpointing cannot run selective recompute (it "
+                    "needs non-reentrant checkpointing); set use_reentrant to false"))
     return out
+
+
+def reentrant(s: SpeedConfig) -> bool:
+    """use_reentrant_gc, or gradient_checkpointing_kwargs' use_reentrant when given."""
+    return bool(s.gradient_checkpointing_kwargs.get("use_reentrant", s.use_reentrant_gc))
+
+
+def _checkpointing_kwargs_problems(s: SpeedConfig) -> list[tuple[str, str]]:
+    key, given = "gradient_checkpointing_kwargs", s.gradient_checkpointing_kwargs
+    other = sorted(set(given) - {"use_reentrant"})
+    if other:
+        return [(key, f"{key}: {', '.join(map(str, other))} not honoured by tunesmith (it "
+                 "runs torch's checkpoint with its own defaults and takes only use_reentrant "
+                 "from here); remove them")]
+    if "use_reentrant" not in given:
+        return []
+    value = given["use_reentrant"]
+    if not isinstance(value, bool):
+        return [(key, f"{key}: use_reentrant must be true or false, got {value!r}")]
+    if s.use_reentrant_gc and not value:
+        return [(key, f"{key}: use_reentrant: false contradicts use_reentrant_gc: true; "
+                 "keep one of them")]
+    return []
 
 
 def checkpointing_mode(cfg: Config) -> str:
@@ -99,3 +131,4 @@ def resolve_speed_aliases(cfg: Config) -> None:
     """Write the recompute mode the LLaMA-Factory keys ask for into gradient_checkpointing,
     so every later reader (the loop, hints, the summary, config.resolved.yaml) sees it."""
     cfg.training.gradient_checkpointing = checkpointing_mode(cfg)
+    cfg.speed.use_reentrant_gc = reentrant(cfg.speed)

@@ -87,6 +87,26 @@ def load_ds_config(cfg: TrainingConfig, ctx: DistContext) -> dict[str, Any]:
     return conf
 
 
+def join_single_rank_group(ctx: DistContext) -> None:
+    """DeepSpeed runs inside a process group even in one process (`tunesmith train` with a
+    deepspeed key and no launcher, as LLaMA-Factory's single-GPU examples are run): form a
+    1-rank group over an in-memory store (no port). DeepSpeed also reads LOCAL_RANK, which a
+    launcher would have set, while it trains: it is set to 0 for the rest of the process."""
+    import os
+
+    import torch.distributed as dist
+
+    if ctx.world_size > 1:
+        return
+    os.environ.setdefault("LOCAL_RANK", "0")
+    if dist.is_initialized():
+        return
+    backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                            device_id=ctx.device if ctx.device.type == "cuda" else None)
+    log.info("deepspeed: one process, so a 1-rank %s process group was formed", backend)
+
+
 class DeepSpeedStrategy(Strategy):
     def __init__(self, ctx: DistContext, cfg: TrainingConfig):
         super().__init__("deepspeed", ctx, cfg)
@@ -115,6 +135,7 @@ class DeepSpeedStrategy(Strategy):
             self.ds.zero.register_external_parameter(self.inner, head.weight)
 
     def attach_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        join_single_rank_group(self.ctx)
         self.engine, _, _, _ = self.ds.initialize(model=self.inner, optimizer=optimizer,
                                                   config=self.conf, dist_init_required=False)
         self.loss_module = self.engine

@@ -22,6 +22,7 @@ from tunesmith.adapters.vision import VisionParts
 from tunesmith.config.environment import cache_root, distributed_env
 from tunesmith.config.loader import dump_config
 from tunesmith.config.schema import Config
+from tunesmith.data.eval_groups import eval_groups
 from tunesmith.data.loader import LoaderOptions
 from tunesmith.data.loading import DataContext, apply_packing, prepare_data
 from tunesmith.data.slot_renderer import check_added_tokens, make_renderer
@@ -198,6 +199,7 @@ def _run_sft(cfg: Config, build_stage: StageBuilder) -> dict[str, Any]:
                       strategy=build_strategy(t, ctx, cfg.run.ddp_find_unused_parameters),
                       loader=loader, optim=cfg.optim, run=cfg.run)
     trainer.compile_guard = CompileGuard(model, plan)
+    trainer.eval_groups = eval_groups(data.val, cfg.data)
     cache = _open_compile_cache(cfg, model, plan)
     if cfg.method.pissa_convert and ctx.is_main and not t.resume_from_checkpoint:
         save_pissa_init(model, out)

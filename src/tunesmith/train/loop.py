@@ -118,6 +118,7 @@ class Trainer:
         self._batches: Any = None  # the loader's iterator, set by run()
         self.stop = GracefulStop()  # checked after each optimizer step
         self.compile_guard: Any = None  # models.speed.CompileGuard: compile failure -> eager
+        self.eval_groups: dict[str, list[int]] = {}  # eval_on_each_dataset: name -> samples
         self.best = BestTracker(model, self.run_cfg, bool(val),
                                 self.strategy.name in ("fsdp", "deepspeed"))
 
@@ -210,13 +211,14 @@ class Trainer:
 
     # ----- evaluation ----------------------------------------------------------------
     @torch.no_grad()
-    def evaluate(self) -> float | None:
-        """Mean loss per target token over the validation set, each rank taking a shard."""
-        if not self.val:
+    def evaluate(self, subset: list[int] | None = None) -> float | None:
+        """Mean loss per target token over the validation set (or its `subset`), by shards."""
+        picks = list(range(len(self.val))) if subset is None else subset
+        if not picks:
             return None
         self.strategy.loss_module.eval()
         bs = self.cfg.per_device_eval_batch_size
-        plan = [list(range(i, min(i + bs, len(self.val)))) for i in range(0, len(self.val), bs)]
+        plan = [picks[i:i + bs] for i in range(0, len(picks), bs)]
         total, count = 0.0, 0
         for shard in shard_step(plan, self.ctx.rank, self.world):
             batch = _with_live(collate([self.val[i] for i in shard.indices],
@@ -383,6 +385,7 @@ class Trainer:
     def _log_eval(self) -> float | None:
         loss = self.evaluate()
         extra = objective_metrics(self.objective, "eval", self.ctx)  # every rank takes part
+        extra.update({f"eval_{n}_loss": self.evaluate(p) for n, p in self.eval_groups.items()})
         if loss is not None and self.ctx.is_main:
             ppl = math.exp(min(loss, 50.0))
             self._write_metrics({"step": self.state.step, "eval_loss": loss, "eval_ppl": ppl,
