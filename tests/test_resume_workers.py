@@ -31,3 +31,16 @@ def test_resumed_run_with_workers_equals_uninterrupted(tmp_path, tiny_llama_dir,
     assert a.keys() == b.keys() and a
     for name in a:
         assert torch.equal(a[name], b[name]), f"{name}: {(a[name] - b[name]).abs().max()}"
+
+
+def test_loader_workers_stop_when_the_run_returns(tmp_path, tiny_llama_dir, alpaca_file):
+    """A run in a process that goes on (the Python API, notebooks, several runs in one
+    script) stops its DataLoader workers as it returns. Left to a later garbage collection,
+    each worker waited 5 s for a stop message its already-closed queue never sent."""
+    import multiprocessing
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    _train(tiny_llama_dir, alpaca_file, tmp_path / "out", "dataloader_num_workers=2",
+           "save_steps=0")
+    left = [p for p in multiprocessing.active_children() if p.pid not in before]
+    assert left == [], f"DataLoader workers still alive after the run: {left}"

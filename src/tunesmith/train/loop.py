@@ -255,7 +255,10 @@ class Trainer:
     # ----- the loop --------------------------------------------------------------------
     def run(self) -> LoopResult:
         with self.stop.handling_signals():
-            return self._run()
+            try:
+                return self._run()
+            finally:  # workers stop now; freed later in a gc cycle, each waits 5 s for
+                self._batches = None  # a stop message its closed queue never sends
 
     def _run(self) -> LoopResult:
         s, cfg = self.state, self.cfg
