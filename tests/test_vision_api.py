@@ -91,3 +91,33 @@ def test_webui_chat_answers_with_an_uploaded_image(tiny_vl_dir, tiny_llama_dir, 
     slot.engine = HFEngine(str(tiny_llama_dir), device="cpu")
     *_, (history, _) = actions.respond("Who?", [], "", 0.0, 1.0, 0, 4, 1.0, 0, str(image))
     assert "text-only" in history[-1]["content"]
+
+
+def test_webui_chat_keeps_an_earlier_image_for_later_questions(tmp_path):
+    """The picture of turn 1 stays in the chat and in what the engine reads at turn 2, both
+    from our own history and from the file parts Gradio hands back."""
+    from tunesmith.webui.chat_tab import ChatActions, EngineSlot
+    from tunesmith.webui.workspace import Workspace
+
+    class Recorder:
+        def __init__(self):
+            self.seen = []
+
+        def stream(self, messages, params):
+            self.seen.append(messages)
+            yield "ok"
+
+    image = str(write_image(tmp_path / "up.png"))
+    slot = EngineSlot()
+    slot.engine = Recorder()
+    actions = ChatActions(Workspace(tmp_path), slot)
+    *_, (history, _) = actions.respond("What is this?", [], "", 0.0, 1.0, 0, 4, 1.0, 0, image)
+    assert history[0]["content"] == [{"path": image}, "What is this?"]
+    from_gradio = [{"role": "user", "content": [{"type": "file", "file": {"path": image}},
+                                                {"type": "text", "text": "What is this?"}]},
+                   {"role": "assistant", "content": [{"type": "text", "text": "ok"}]}]
+    for earlier in (history, from_gradio):
+        list(actions.respond("And its colour?", earlier, "", 0.0, 1.0, 0, 4, 1.0, 0, None))
+        first, last = slot.engine.seen[-1][0], slot.engine.seen[-1][-1]
+        assert first == {"role": "user", "content": "What is this?", "images": [image]}
+        assert last == {"role": "user", "content": "And its colour?"}

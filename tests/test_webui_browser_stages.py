@@ -142,3 +142,46 @@ def test_dpo_run_draws_reward_curves_next_to_the_loss(server):
     records = [json.loads(x) for x in
                (work / "saves" / "ui-dpo" / "metrics.jsonl").read_text().splitlines()]
     assert sum("rewards/margins" in r for r in records) == 4
+
+
+def _answers(page) -> list[str]:
+    return page.evaluate("[...document.querySelectorAll('#chat-box [data-testid=bot]')]"
+                         ".map(b => b.innerText.trim())")
+
+
+def _wait_answers(page, n: int) -> list[str]:
+    """Wait until the chat holds `n` finished answers (not the loading placeholder)."""
+    page.wait_for_function(
+        "n => { const b = [...document.querySelectorAll('#chat-box [data-testid=bot]')]"
+        ".map(x => x.innerText.trim()); return b.length === n && b.every(t => t.length > 0 "
+        "&& !t.includes('Loading content')); }", arg=n, timeout=60_000)
+    return _answers(page)
+
+
+def test_image_chat_in_a_chinese_browser(server):
+    """Chat with a vision-language model: the uploaded picture shows in the chat, the
+    model answers, and a follow-up question (no new upload) still works with the picture
+    kept in the conversation; the tab's own messages are in Chinese."""
+    work, url = server
+    image = work / "data" / "pics" / "b.jpg"
+    with browser_page(url, locale="zh-CN") as page:
+        page.get_by_role("tab", name="对话").click()
+        pick(page, "chat-model", "models/vl")
+        page.locator("#chat-load").click()
+        _wait_text(page, "#chat-status", "已加载", 60_000)
+        page.locator("#chat-image input[type=file]").set_input_files(str(image))
+        expect(page.locator("#chat-image img")).to_have_count(1)
+        field(page, "chat-max-new").fill("6")
+        field(page, "chat-temperature").fill("0")
+        field(page, "chat-input").fill("图里是什么？")
+        page.locator("#chat-send").click()
+        _wait_answers(page, 1)
+        expect(page.locator("#chat-box [data-testid=user] img")).to_have_count(1)
+        page.locator("#chat-image button[aria-label='Remove Image']").click()
+        expect(page.locator("#chat-image img")).to_have_count(0)  # the next question brings none
+        field(page, "chat-input").fill("它是什么颜色？")
+        page.locator("#chat-send").click()
+        answers = _wait_answers(page, 2)
+        assert not any("错误" in a or "error" in a for a in answers), answers
+        expect(page.locator("#chat-box [data-testid=user] img")).to_have_count(1)  # kept
+        screenshot(page, "chat-image-zh")

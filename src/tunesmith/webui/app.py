@@ -63,7 +63,7 @@ def build_app(work_dir: str) -> Any:
             with tr(gr.Tab, label="@tab.eval", id="eval", elem_id="tab-eval"):
                 evaluate = build_eval_tab(ws, runner, tr, lang)
             with tr(gr.Tab, label="@tab.chat", id="chat", elem_id="tab-chat"):
-                build_chat_tab(ws, EngineSlot(), tr)
+                build_chat_tab(ws, EngineSlot(), tr, lang)
             with tr(gr.Tab, label="@tab.export", id="export", elem_id="tab-export"):
                 export = build_export_tab(ws, runner, tr, lang)
 

@@ -10,7 +10,7 @@ import gradio as gr
 
 from tunesmith.errors import TunesmithError
 from tunesmith.infer.engine import GenerationParams, HFEngine
-from tunesmith.webui.i18n import Translator
+from tunesmith.webui.i18n import Translator, text
 from tunesmith.webui.runs import base_of, finished_runs, model_choices
 from tunesmith.webui.workspace import Workspace, check_paths
 
@@ -39,14 +39,15 @@ class ChatActions:
         return gr.update(value=model), ", ".join(adapters)
 
     def load(self, model: str | None, adapters: str, template: str,
-             trust_remote_code: bool) -> str:
+             trust_remote_code: bool, lang: str = "en") -> str:
         adapter_list = [a.strip() for a in (adapters or "").split(",") if a.strip()]
         flat = {"model_name_or_path": model or "", "adapter_name_or_path": adapter_list}
         problems = check_paths(self.ws, flat, set(model_choices(self.ws)))
         if not model:
-            problems.append("model_name_or_path: pick a model or a finished run")
+            problems.append(text("chat.pick_model", lang))
+        error = f"**{text('common.error', lang)}**: "
         if problems:
-            return "**Error**: " + "; ".join(problems)
+            return error + "; ".join(problems)
         local = self.ws.root / model
         model_arg = str(local) if local.exists() else model
         paths = [str(self.ws.inside(a, "adapter_name_or_path")) for a in adapter_list]
@@ -56,14 +57,14 @@ class ChatActions:
                 self.slot.engine = HFEngine(model_arg, paths, template or "", "auto",
                                             trust_remote_code)
             except TunesmithError as exc:
-                return f"**Error**: {exc}"
+                return error + str(exc)
             self.slot.description = model + (f" + {', '.join(adapter_list)}" if adapter_list
                                              else "")
-        return f"Loaded {self.slot.description}."
+        return text("chat.loaded", lang, model=self.slot.description)
 
     def respond(self, text: str, history: list[dict], system: str, temperature: float,
                 top_p: float, top_k: float, max_new_tokens: float, repetition_penalty: float,
-                seed: float | None = None, image: str | None = None
+                seed: float | None = None, image: str | None = None, lang: str = "en"
                 ) -> Iterator[tuple[list[dict], str]]:
         """Stream the answer into the chat history. `image`: an uploaded file shown with
         this message (vision-language models; a text model answers with the error)."""
@@ -74,24 +75,45 @@ class ChatActions:
             return
         if engine is None:
             history += [{"role": "user", "content": text},
-                        {"role": "assistant", "content": "(load a model first)"}]
+                        {"role": "assistant", "content": text("chat.load_first", lang)}]
             yield history, ""
             return
         shown = {"images": [image]} if image else {}
         messages = ([{"role": "system", "content": system}] if system.strip() else []) + [
-            {"role": m["role"], "content": _text(m["content"])} for m in history] + [
-            {"role": "user", "content": text, **shown}]
+            _turn(m) for m in history] + [{"role": "user", "content": text, **shown}]
         params = GenerationParams(int(max_new_tokens), float(temperature), float(top_p),
                                   int(top_k), float(repetition_penalty),
                                   seed=None if seed is None or seed < 0 else int(seed))
-        history += [{"role": "user", "content": text}, {"role": "assistant", "content": ""}]
+        asked: Any = [{"path": image}, text] if image else text  # the image stays in the chat
+        history += [{"role": "user", "content": asked}, {"role": "assistant", "content": ""}]
         try:
             for piece in engine.stream(messages, params):
                 history[-1]["content"] += piece
                 yield history, ""
         except TunesmithError as exc:  # e.g. an image given to a text-only model
-            history[-1]["content"] = f"(error: {exc})"
+            history[-1]["content"] = text("chat.error", lang, error=exc)
         yield history, ""
+
+
+def _turn(message: dict) -> dict:
+    """A chat-history message as the engine reads it: its text, and the images shown in it
+    (so a later question still sees the picture of an earlier one)."""
+    turn = {"role": message["role"], "content": _text(message["content"])}
+    images = _images(message["content"])
+    return {**turn, "images": images} if images else turn
+
+
+def _images(content: Any) -> list[str]:
+    """Paths of the image parts of a message (Gradio hands them back as file parts)."""
+    if not isinstance(content, list):
+        return []
+    found = []
+    for part in content:
+        if isinstance(part, dict) and isinstance(part.get("file"), dict):
+            found.append(part["file"]["path"])
+        elif isinstance(part, dict) and "path" in part:
+            found.append(part["path"])
+    return found
 
 
 def _text(content: Any) -> str:
@@ -101,7 +123,8 @@ def _text(content: Any) -> str:
     return str(content)
 
 
-def build_chat_tab(ws: Workspace, slot: EngineSlot, tr: Translator) -> dict[str, Any]:
+def build_chat_tab(ws: Workspace, slot: EngineSlot, tr: Translator, lang: Any
+                   ) -> dict[str, Any]:
     actions = ChatActions(ws, slot)
     with gr.Row():
         run_box = tr(gr.Dropdown, finished_runs(ws), value=None, allow_custom_value=True,
@@ -139,8 +162,9 @@ def build_chat_tab(ws: Workspace, slot: EngineSlot, tr: Translator) -> dict[str,
                       elem_id="chat-seed")
     run_box.focus(lambda: gr.update(choices=finished_runs(ws)), None, run_box)
     run_box.change(actions.pick_run, run_box, [model_box, adapter_box])
-    load_btn.click(actions.load, [model_box, adapter_box, template_box, trust_box], status)
-    chat_in = [prompt, chatbot, system, temperature, top_p, top_k, max_new, rep, seed, image]
+    load_btn.click(actions.load, [model_box, adapter_box, template_box, trust_box, lang], status)
+    chat_in = [prompt, chatbot, system, temperature, top_p, top_k, max_new, rep, seed, image,
+               lang]
     send.click(actions.respond, chat_in, [chatbot, prompt])
     prompt.submit(actions.respond, chat_in, [chatbot, prompt])
     clear.click(lambda: ([], ""), None, [chatbot, prompt])
