@@ -10,7 +10,8 @@ import gradio as gr
 
 from tunesmith.errors import TunesmithError
 from tunesmith.infer.engine import GenerationParams, HFEngine
-from tunesmith.webui.i18n import Translator, text
+from tunesmith.webui.i18n import Translator
+from tunesmith.webui.i18n import text as say  # `text` is the message in respond()
 from tunesmith.webui.runs import base_of, finished_runs, model_choices
 from tunesmith.webui.workspace import Workspace, check_paths
 
@@ -44,8 +45,8 @@ class ChatActions:
         flat = {"model_name_or_path": model or "", "adapter_name_or_path": adapter_list}
         problems = check_paths(self.ws, flat, set(model_choices(self.ws)))
         if not model:
-            problems.append(text("chat.pick_model", lang))
-        error = f"**{text('common.error', lang)}**: "
+            problems.append(say("chat.pick_model", lang))
+        error = f"**{say('common.error', lang)}**: "
         if problems:
             return error + "; ".join(problems)
         local = self.ws.root / model
@@ -60,7 +61,7 @@ class ChatActions:
                 return error + str(exc)
             self.slot.description = model + (f" + {', '.join(adapter_list)}" if adapter_list
                                              else "")
-        return text("chat.loaded", lang, model=self.slot.description)
+        return say("chat.loaded", lang, model=self.slot.description)
 
     def respond(self, text: str, history: list[dict], system: str, temperature: float,
                 top_p: float, top_k: float, max_new_tokens: float, repetition_penalty: float,
@@ -75,7 +76,7 @@ class ChatActions:
             return
         if engine is None:
             history += [{"role": "user", "content": text},
-                        {"role": "assistant", "content": text("chat.load_first", lang)}]
+                        {"role": "assistant", "content": say("chat.load_first", lang)}]
             yield history, ""
             return
         shown = {"images": [image]} if image else {}
@@ -91,7 +92,7 @@ class ChatActions:
                 history[-1]["content"] += piece
                 yield history, ""
         except TunesmithError as exc:  # e.g. an image given to a text-only model
-            history[-1]["content"] = text("chat.error", lang, error=exc)
+            history[-1]["content"] = say("chat.error", lang, error=exc)
         yield history, ""
 
 
