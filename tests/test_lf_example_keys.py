@@ -58,10 +58,17 @@ def test_train_on_the_token_file_says_what_it_is(capsys):
 def test_deepspeed_runs_in_one_process_without_a_launcher(ds_config, tmp_path, tiny_llama_dir,
                                                           alpaca_file, monkeypatch):
     pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
-    monkeypatch.delenv("LOCAL_RANK", raising=False)  # the run sets it: removed after the test
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
     path = write_run_yaml("train_full/qwen3_full_sft.yaml", str(tiny_llama_dir),
                           str(alpaca_file), tmp_path, **FAST,
                           deepspeed=str(DEEPSPEED / ds_config))
     assert main(["train", str(path)]) == 0
     out = tmp_path / "out"
     assert _summary(out)["steps"] == 2 and (out / "model.safetensors").is_file()
+    # the process goes on as it was: no group left formed, no LOCAL_RANK that a later
+    # run's launcher would read as "already launched" (it ran one process instead of two)
+    import os
+
+    import torch.distributed as dist
+
+    assert not dist.is_initialized() and "LOCAL_RANK" not in os.environ

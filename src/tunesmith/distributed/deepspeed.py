@@ -91,20 +91,41 @@ def join_single_rank_group(ctx: DistContext) -> None:
     """DeepSpeed runs inside a process group even in one process (`tunesmith train` with a
     deepspeed key and no launcher, as LLaMA-Factory's single-GPU examples are run): form a
     1-rank group over an in-memory store (no port). DeepSpeed also reads LOCAL_RANK, which a
-    launcher would have set, while it trains: it is set to 0 for the rest of the process."""
+    launcher would have set, while it trains: it is set to 0 until leave_single_rank_group."""
     import os
 
     import torch.distributed as dist
 
     if ctx.world_size > 1:
         return
-    os.environ.setdefault("LOCAL_RANK", "0")
+    if "LOCAL_RANK" not in os.environ:
+        os.environ["LOCAL_RANK"] = "0"
+        _FORMED["local_rank"] = True
     if dist.is_initialized():
         return
     backend = "nccl" if ctx.device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                             device_id=ctx.device if ctx.device.type == "cuda" else None)
+    _FORMED["group"] = True
     log.info("deepspeed: one process, so a 1-rank %s process group was formed", backend)
+
+
+_FORMED = {"group": False, "local_rank": False}  # what join_single_rank_group set up
+
+
+def leave_single_rank_group() -> None:
+    """Undo join_single_rank_group once the run is over (weights saved), so a process that
+    goes on (the Python API, a notebook, tests) starts its next run as it was: no group
+    left behind, no LOCAL_RANK that a later launcher would read as "already launched"."""
+    import os
+
+    import torch.distributed as dist
+
+    if _FORMED["group"] and dist.is_initialized():
+        dist.destroy_process_group()
+    if _FORMED["local_rank"]:
+        os.environ.pop("LOCAL_RANK", None)
+    _FORMED.update(group=False, local_rank=False)
 
 
 class DeepSpeedStrategy(Strategy):

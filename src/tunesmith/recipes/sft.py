@@ -28,6 +28,7 @@ from tunesmith.data.loading import DataContext, apply_packing, prepare_data
 from tunesmith.data.slot_renderer import check_added_tokens, make_renderer
 from tunesmith.data.template import load_template_source
 from tunesmith.distributed.context import DistContext, barrier, broadcast_object, init_distributed
+from tunesmith.distributed.deepspeed import leave_single_rank_group
 from tunesmith.distributed.handoff import prepare_on_main
 from tunesmith.distributed.strategy import build_strategy, fsdp_settings
 from tunesmith.errors import ConfigError, TunesmithError
@@ -137,13 +138,14 @@ def run_sft(cfg: Config, build_stage: StageBuilder = sft_stage) -> dict[str, Any
     """Train any stage (`build_stage` gives its objective: sft_stage, preference_stage)
     under output_dir's lock, taken by the main process before anything is written there, so
     a second run into the same folder is refused and the first stays untouched."""
-    if distributed_env()["rank"] != 0 or not cfg.training.output_dir:
-        return _run_sft(cfg, build_stage)
-    lock = lock_run_folder(Path(cfg.training.output_dir), "tunesmith train")
+    lock = (lock_run_folder(Path(cfg.training.output_dir), "tunesmith train")
+            if distributed_env()["rank"] == 0 and cfg.training.output_dir else None)
     try:
         return _run_sft(cfg, build_stage)
     finally:
-        lock.release()
+        leave_single_rank_group()  # DeepSpeed in one process: its 1-rank group ends here
+        if lock is not None:
+            lock.release()
 
 
 def _run_sft(cfg: Config, build_stage: StageBuilder) -> dict[str, Any]:
