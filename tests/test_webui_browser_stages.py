@@ -100,6 +100,12 @@ def test_data_tab_shows_pairs_and_media_with_token_counts(server):
         raw = json.loads((PREF / "dpo_en_demo.json").read_text())[0]
         for answer in (raw["chosen"]["value"], raw["rejected"]["value"]):
             assert answer[:25] in samples
+        columns = page.locator("#data-pair-columns")  # the same pair, side by side
+        expect(columns.locator("td.chosen")).to_contain_text(raw["chosen"]["value"][:25])
+        expect(columns.locator("td.rejected")).to_contain_text(raw["rejected"]["value"][:25])
+        chosen_box = columns.locator("td.chosen").bounding_box()
+        rejected_box = columns.locator("td.rejected").bounding_box()
+        assert rejected_box["x"] > chosen_box["x"] + chosen_box["width"] - 1  # two columns
         screenshot(page, "data-pairs")
 
         pick(page, "data-dataset", "mm")

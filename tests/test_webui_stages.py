@@ -89,8 +89,8 @@ def test_a_hidden_key_goes_to_the_job_at_its_default(ws):
 def test_pairs_show_prompt_chosen_and_rejected_and_kto_rows_their_label(ws, tiny_llama_dir):
     shutil.copytree(tiny_llama_dir, ws.root / "models" / "tiny")
     actions = DataActions(ws)
-    figures, pieces, bad, thumbs, _ = actions.preview("dpo_en_demo", "models/tiny", "", 2048, 1,
-                                                      "en")
+    figures, pieces, bad, thumbs, _, pairs = actions.preview("dpo_en_demo", "models/tiny", "",
+                                                             2048, 1, "en")
     assert "| preference pairs | 16 |" in figures
     raw = json.loads((FIXTURES / "dpo_en_demo.json").read_text())[0]
     labelled = {label: "".join(t for t, k in pieces if k == label) for label in
@@ -102,8 +102,21 @@ def test_pairs_show_prompt_chosen_and_rejected_and_kto_rows_their_label(ws, tiny
     assert whole.count(question) == 1  # the shared prompt, once
     assert whole.index("── prompt") < whole.index("── chosen") < whole.index("── rejected")
     assert bad == "" and not thumbs["visible"]
+    # side by side: one table, the prompt across it, chosen | rejected in their own cells
+    import html as html_lib
+    import re
 
-    figures, pieces, _, _, _ = actions.preview("kto_en_demo", "models/tiny", "", 2048, 3, "zh")
+    assert pairs["visible"] and pairs["value"].count("<table") == 1
+    cells = {c: html_lib.unescape(re.sub("<[^>]+>", "", v)) for c, v in re.findall(
+        r'<td class="(chosen|rejected)"[^>]*>(.*?)</td>', pairs["value"], flags=re.S)}
+    assert raw["chosen"]["value"][:30] in cells["chosen"]
+    assert raw["rejected"]["value"][:30] in cells["rejected"]
+    assert raw["rejected"]["value"][:30] not in cells["chosen"]
+    assert "<mark>" in pairs["value"]  # the trained tokens are marked
+
+    figures, pieces, _, _, _, pairs = actions.preview("kto_en_demo", "models/tiny", "", 2048, 3,
+                                                      "zh")
+    assert not pairs["visible"]  # KTO rows are single answers
     rows = json.loads((FIXTURES / "kto_en_demo.json").read_text())
     good = sum(r["label"] for r in rows)
     assert f"| kto desirable | {good} |" in figures and good < len(rows)
@@ -126,7 +139,7 @@ def test_media_rows_show_thumbnails_and_the_token_counts_training_uses(tmp_path,
     write_mm_dataset(ws.data_dir)
     shutil.copytree(tiny_vl_dir, ws.root / "models" / "vl")
     actions = DataActions(ws)
-    _, _, bad, thumbs, table = actions.preview("mm", "models/vl", "qwen", 2048, 3, "en")
+    _, _, bad, thumbs, table, _ = actions.preview("mm", "models/vl", "qwen", 2048, 3, "en")
     thumbs = thumbs["value"]
     assert bad == "" and len(thumbs) == 4  # a.png; a.png and b.jpg; the video
     # what training stores for the same rows
@@ -146,7 +159,7 @@ def test_media_rows_show_thumbnails_and_the_token_counts_training_uses(tmp_path,
     assert int(rows[1][3]) + sum(image_tokens) == int(rows[1][4])
 
     (ws.data_dir / "pics" / "b.jpg").unlink()
-    _, _, bad, thumbs, _ = actions.preview("mm", "models/vl", "qwen", 2048, 3, "en")
+    _, _, bad, thumbs, _, _ = actions.preview("mm", "models/vl", "qwen", 2048, 3, "en")
     assert "data/mm.json:1: media file 'pics/b.jpg' not found" in bad
     assert len(thumbs["value"]) == 2
 

@@ -12,7 +12,7 @@ from tunesmith.data.template import builtin_template_names
 from tunesmith.errors import TunesmithError
 from tunesmith.webui.data_view import Highlighted, dataset_choices, inspect_dataset
 from tunesmith.webui.i18n import Translator, text
-from tunesmith.webui.preview_rows import COLORS, media_table
+from tunesmith.webui.preview_rows import COLORS, media_table, pairs_html
 from tunesmith.webui.runs import model_choices
 from tunesmith.webui.uploads import MAX_UPLOAD_BYTES, store_upload
 from tunesmith.webui.workspace import Workspace, check_paths
@@ -40,8 +40,9 @@ class DataActions:
 
     def preview(self, dataset: str | None, model: str | None, template: str,
                 cutoff_len: float, n_samples: float, lang: str = "en"
-                ) -> tuple[str, Highlighted, str, Any, str]:
-        """(figures, samples, bad rows and media errors, thumbnails, media token table)."""
+                ) -> tuple[str, Highlighted, str, Any, str, Any]:
+        """(figures, samples, bad rows and media errors, thumbnails, media token table,
+        preference pairs side by side)."""
         known = set(dataset_choices(self.ws.data_dir))
         problems = check_paths(self.ws, {"dataset": [dataset or ""],
                                          "model_name_or_path": model or ""},
@@ -49,7 +50,8 @@ class DataActions:
         if not dataset or not model:
             problems.append(text("data.pick_dataset_and_model", lang))
         if problems:
-            return _error("; ".join(problems), lang), [], "", gr.update(visible=False), ""
+            return (_error("; ".join(problems), lang), [], "", gr.update(visible=False), "",
+                    gr.update(visible=False))
         local_model = self.ws.root / model
         name = dataset if "/" not in dataset and not (self.ws.root / dataset).exists() else str(
             self.ws.inside(dataset, "dataset"))
@@ -59,7 +61,8 @@ class DataActions:
             view = inspect_dataset(name, cfg, str(local_model) if local_model.exists()
                                    else model, template or "", int(n_samples), lang)
         except TunesmithError as exc:
-            return _error(exc, lang), [], "", gr.update(visible=False), ""
+            return (_error(exc, lang), [], "", gr.update(visible=False), "",
+                    gr.update(visible=False))
         samples: Highlighted = []
         for i, sample in enumerate(view.samples):
             samples += (_separator(lang) if i else []) + sample
@@ -68,7 +71,8 @@ class DataActions:
         thumbs = [(img, short(c)) for img, c in view.media.thumbnails]
         return (_figures_table(view.figures), [(short(t), k) for t, k in samples],
                 short(problems), gr.update(value=thumbs or None, visible=bool(thumbs)),
-                short(media_table(view.media, lang)))
+                short(media_table(view.media, lang)),
+                gr.update(value=short(pairs_html(view.pairs, lang)), visible=bool(view.pairs)))
 
     def _short(self, s: str) -> str:
         """Places inside the working folder as the user names them (data/x.json:3)."""
@@ -109,6 +113,7 @@ def build_data_tab(ws: Workspace, tr: Translator, lang: Any) -> dict[str, Any]:
         bad_rows = tr(gr.Textbox, label="@data.bad_rows", lines=6, elem_id="data-bad-rows")
     samples = tr(gr.HighlightedText, label="@data.samples", color_map=COLORS,
                  show_legend=True, elem_id="data-samples")
+    pair_columns = gr.HTML(elem_id="data-pair-columns", visible=False)
     with gr.Row():
         thumbs = tr(gr.Gallery, label="@data.media", columns=4, height="auto",
                     elem_id="data-media", min_width=240, visible=False)
@@ -116,5 +121,5 @@ def build_data_tab(ws: Workspace, tr: Translator, lang: Any) -> dict[str, Any]:
     dataset.focus(lambda: gr.update(choices=dataset_choices(ws.data_dir)), None, dataset)
     upload.upload(actions.upload, [upload, lang], [message, dataset])
     preview_btn.click(actions.preview, [dataset, model, template, cutoff, n_samples, lang],
-                      [figures, samples, bad_rows, thumbs, media_tokens])
+                      [figures, samples, bad_rows, thumbs, media_tokens, pair_columns])
     return {"dataset": dataset}

@@ -24,7 +24,14 @@ from tunesmith.data.template import ChatRenderer, load_template_source
 from tunesmith.models.loader import load_tokenizer
 from tunesmith.models.processor import load_vision_settings
 from tunesmith.models.provision import resolve_model_path
-from tunesmith.webui.preview_rows import Highlighted, MediaPreview, media_preview, row_pieces
+from tunesmith.webui.preview_rows import (
+    Highlighted,
+    MediaPreview,
+    PairColumns,
+    media_preview,
+    pair_columns,
+    row_pieces,
+)
 
 
 @dataclass
@@ -33,6 +40,7 @@ class DatasetView:
     samples: list[Highlighted] = field(default_factory=list)
     bad_rows: str = ""
     media: MediaPreview = field(default_factory=MediaPreview)
+    pairs: list[PairColumns] = field(default_factory=list)  # preference rows, two columns
 
 
 def dataset_choices(data_dir: Path) -> list[str]:
@@ -93,7 +101,9 @@ def inspect_dataset(dataset: str, data_cfg: DataConfig, model_name_or_path: str,
     if figures["rows_with_media"]:
         vision = load_vision_settings(str(model_path), tokenizer, Config(data=data_cfg))
         media = media_preview(convs, vision, renderer, tokenizer, opts, n_samples, lang)
-    return DatasetView(figures, samples, report.bad_rows_text(), media)
+    pairs = [pair_columns(renderer, c, opts) for c in convs[:n_samples]
+             if c.rejected is not None]
+    return DatasetView(figures, samples, report.bad_rows_text(), media, pairs)
 
 
 def _kind_counts(convs: list[Any]) -> dict[str, int]:

@@ -11,6 +11,7 @@ tokens the loss sees marked:
 
 from __future__ import annotations
 
+import html
 import os
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -65,9 +66,17 @@ def _prompt_length(pieces: Highlighted) -> int:
     return n
 
 
-def pair_pieces(renderer: ChatRenderer, conv: Conversation, opts: EncodeOptions,
-                lang: str) -> Highlighted:
-    """A preference pair: the shared prompt once, then the chosen and rejected answers."""
+@dataclass
+class PairColumns:
+    """A preference pair cut for two columns: the shared prompt, then each answer."""
+    source: str
+    prompt: str
+    chosen: Highlighted
+    rejected: Highlighted
+
+
+def pair_columns(renderer: ChatRenderer, conv: Conversation, opts: EncodeOptions
+                 ) -> PairColumns:
     assert conv.rejected is not None
     chosen = highlight(renderer, conv, opts, "chosen")
     other = Conversation(conv.messages[:-1] + [conv.rejected], conv.tools, conv.source)
@@ -75,9 +84,41 @@ def pair_pieces(renderer: ChatRenderer, conv: Conversation, opts: EncodeOptions,
     c_text, r_text = "".join(s for s, _ in chosen), "".join(s for s, _ in rejected)
     shared = min(_prompt_length(chosen), _prompt_length(rejected),
                  len(os.path.commonprefix([c_text, r_text])))
-    return ([(text("data.pair.prompt", lang), None), (c_text[:shared], None),
-             (text("data.pair.chosen", lang), None)] + _after(chosen, shared)
-            + [(text("data.pair.rejected", lang), None)] + _after(rejected, shared))
+    return PairColumns(str(conv.source), c_text[:shared], _after(chosen, shared),
+                       _after(rejected, shared))
+
+
+def pair_pieces(renderer: ChatRenderer, conv: Conversation, opts: EncodeOptions,
+                lang: str) -> Highlighted:
+    """A preference pair: the shared prompt once, then the chosen and rejected answers."""
+    cols = pair_columns(renderer, conv, opts)
+    return ([(text("data.pair.prompt", lang), None), (cols.prompt, None),
+             (text("data.pair.chosen", lang), None)] + cols.chosen
+            + [(text("data.pair.rejected", lang), None)] + cols.rejected)
+
+
+def _marked_html(pieces: Highlighted) -> str:
+    return "".join(f"<mark>{html.escape(s)}</mark>" if label else html.escape(s)
+                   for s, label in pieces)
+
+
+def pairs_html(pairs: list[PairColumns], lang: str) -> str:
+    """Pairs side by side: the prompt across the top, chosen | rejected below it, the
+    tokens the loss sees marked."""
+    head = (text("data.pair.prompt", lang), text("data.pair.chosen", lang),
+            text("data.pair.rejected", lang))
+    prompt_h, chosen_h, rejected_h = (html.escape(h.strip(" \n─")) for h in head)
+    cell = "white-space:pre-wrap;vertical-align:top;width:50%;padding:6px"
+    out = []
+    for p in pairs:
+        out.append(
+            f'<table class="pair" style="width:100%;table-layout:fixed;margin-bottom:12px">'
+            f'<tr><th colspan="2">{html.escape(p.source)} · {prompt_h}</th></tr>'
+            f'<tr><td colspan="2" style="{cell}">{html.escape(p.prompt)}</td></tr>'
+            f'<tr><th>{chosen_h}</th><th>{rejected_h}</th></tr>'
+            f'<tr><td class="chosen" style="{cell}">{_marked_html(p.chosen)}</td>'
+            f'<td class="rejected" style="{cell}">{_marked_html(p.rejected)}</td></tr></table>')
+    return "".join(out)
 
 
 def kto_pieces(renderer: ChatRenderer, conv: Conversation, opts: EncodeOptions,
