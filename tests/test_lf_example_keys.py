@@ -65,10 +65,15 @@ def test_deepspeed_runs_in_one_process_without_a_launcher(ds_config, tmp_path, t
     assert main(["train", str(path)]) == 0
     out = tmp_path / "out"
     assert _summary(out)["steps"] == 2 and (out / "model.safetensors").is_file()
-    # the process goes on as it was: no group left formed, no LOCAL_RANK that a later
-    # run's launcher would read as "already launched" (it ran one process instead of two)
+    # the process goes on: no LOCAL_RANK left for a later launcher to read as "already
+    # launched", and a second DeepSpeed run in the same process works (the 1-rank group
+    # and DeepSpeed's groups cloned from it stay valid)
     import os
 
-    import torch.distributed as dist
-
-    assert not dist.is_initialized() and "LOCAL_RANK" not in os.environ
+    assert "LOCAL_RANK" not in os.environ
+    (tmp_path / "again").mkdir()
+    again = write_run_yaml("train_full/qwen3_full_sft.yaml", str(tiny_llama_dir),
+                           str(alpaca_file), tmp_path / "again", **FAST,
+                           deepspeed=str(DEEPSPEED / ds_config))
+    assert main(["train", str(again)]) == 0
+    assert "LOCAL_RANK" not in os.environ

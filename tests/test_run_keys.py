@@ -114,15 +114,18 @@ def test_ddp_find_unused_parameters_reaches_ddp(tmp_path):
     from tunesmith.distributed.context import DistContext
     from tunesmith.distributed.strategy import Strategy
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
-                            world_size=1)
+    owned = not dist.is_initialized()  # an in-process DeepSpeed run keeps its 1-rank group
+    if owned:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0,
+                                world_size=1)
     try:
         ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
         strategy = Strategy("ddp", ctx, TrainingConfig(), find_unused_parameters=True)
         strategy.wrap(torch.nn.Linear(2, 2), object())
         assert strategy.loss_module.find_unused_parameters
     finally:
-        dist.destroy_process_group()
+        if owned:
+            dist.destroy_process_group()
 
 
 def _fake_model():

@@ -106,26 +106,24 @@ def join_single_rank_group(ctx: DistContext) -> None:
     backend = "nccl" if ctx.device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
                             device_id=ctx.device if ctx.device.type == "cuda" else None)
-    _FORMED["group"] = True
     log.info("deepspeed: one process, so a 1-rank %s process group was formed", backend)
 
 
-_FORMED = {"group": False, "local_rank": False}  # what join_single_rank_group set up
+_FORMED = {"local_rank": False}  # whether join_single_rank_group set LOCAL_RANK
 
 
 def leave_single_rank_group() -> None:
-    """Undo join_single_rank_group once the run is over (weights saved), so a process that
-    goes on (the Python API, a notebook, tests) starts its next run as it was: no group
-    left behind, no LOCAL_RANK that a later launcher would read as "already launched"."""
+    """After the run (weights saved): drop the LOCAL_RANK that join_single_rank_group set, so
+    a process that goes on (the Python API, a notebook, the web UI's test server) does not
+    hand it to a later launcher, which would read it as "already launched" and start one
+    process instead of several. The 1-rank group itself stays for the life of the process:
+    DeepSpeed keeps groups cloned from it in module globals, and a second DeepSpeed run in
+    the same process fails on a destroyed one; the next run reuses it."""
     import os
 
-    import torch.distributed as dist
-
-    if _FORMED["group"] and dist.is_initialized():
-        dist.destroy_process_group()
     if _FORMED["local_rank"]:
         os.environ.pop("LOCAL_RANK", None)
-    _FORMED.update(group=False, local_rank=False)
+    _FORMED["local_rank"] = False
 
 
 class DeepSpeedStrategy(Strategy):

@@ -143,7 +143,7 @@ def run_sft(cfg: Config, build_stage: StageBuilder = sft_stage) -> dict[str, Any
     try:
         return _run_sft(cfg, build_stage)
     finally:
-        leave_single_rank_group()  # DeepSpeed in one process: its 1-rank group ends here
+        leave_single_rank_group()  # DeepSpeed in one process: its LOCAL_RANK ends here
         if lock is not None:
             lock.release()
 
