@@ -18,6 +18,7 @@ from webui_browser import (
     screenshot,
     serve,
     set_job_environment,
+    wait_text,
 )
 
 pytestmark = pytest.mark.browser
@@ -37,12 +38,6 @@ def _tab_names(page) -> list[str]:
     return [t.strip() for t in page.get_by_role("tab").all_inner_texts()]
 
 
-def _wait_text(page, selector: str, needle: str, timeout_ms: int = 20_000) -> None:
-    page.wait_for_function(
-        "([s, n]) => (document.querySelector(s)?.innerText || '').includes(n)",
-        arg=[selector, needle], timeout=timeout_ms)
-
-
 def test_chinese_browser_gets_chinese_and_the_switch_changes_every_text(server):
     _, url = server
     with browser_page(url, locale="zh-CN") as page:
@@ -50,21 +45,21 @@ def test_chinese_browser_gets_chinese_and_the_switch_changes_every_text(server):
                                ".some(t => t.innerText.includes('训练'))")
         assert _tab_names(page)[:5] == ["数据", "训练", "评估", "对话", "导出"]
         page.get_by_role("tab", name="训练").click()
-        _wait_text(page, "#train-start", "开始")
-        _wait_text(page, "#cfg-lora_rank", "LoRA 秩 r")  # a config key's help
-        _wait_text(page, "#hw-section", "硬件")
+        wait_text(page, "#train-start", "开始")
+        wait_text(page, "#cfg-lora_rank", "LoRA 秩 r")  # a config key's help
+        wait_text(page, "#hw-section", "硬件")
         screenshot(page, "train-zh")
         page.locator("#train-preview").click()  # a message from the server, in Chinese
-        _wait_text(page, "#train-message", "model_name_or_path：未设置")
+        wait_text(page, "#train-message", "model_name_or_path：未设置")
 
         page.locator("#lang").get_by_text("English").click()
         page.wait_for_function("[...document.querySelectorAll('[role=tab]')]"
                                ".some(t => t.innerText.includes('Train'))")
         assert _tab_names(page)[:5] == ["Data", "Train", "Evaluate", "Chat", "Export"]
-        _wait_text(page, "#train-start", "Start")
-        _wait_text(page, "#cfg-lora_rank", "LoRA rank r.")
+        wait_text(page, "#train-start", "Start")
+        wait_text(page, "#cfg-lora_rank", "LoRA rank r.")
         page.locator("#train-preview").click()
-        _wait_text(page, "#train-message", "not set; pick a model")
+        wait_text(page, "#train-message", "not set; pick a model")
         screenshot(page, "train-en")
 
 
@@ -72,7 +67,7 @@ def test_english_browser_gets_english(server):
     _, url = server
     with browser_page(url, locale="en-US") as page:
         page.get_by_role("tab", name="Train").click()
-        _wait_text(page, "#train-start", "Start")
+        wait_text(page, "#train-start", "Start")
         assert "中文" in page.locator("#lang").inner_text()  # the switch offers Chinese
 
 
@@ -93,10 +88,10 @@ def test_hardware_section_runs_two_processes_with_gloo(server):
         page.locator("#train-preview").click()
         page.wait_for_function("document.querySelector('#train-cli textarea, #train-cli input')"
                                ".value.startsWith('NPROC_PER_NODE=2 ')")
-        _wait_text(page, "#train-yaml", "ddp_backend: gloo")
+        wait_text(page, "#train-yaml", "ddp_backend: gloo")
         screenshot(page, "train-hardware")
         page.locator("#train-start").click()
-        _wait_text(page, "#train-message", "Started job")
+        wait_text(page, "#train-message", "Started job")
         summary = work / "saves" / "two-procs" / "run_summary.json"
         page.wait_for_function(
             "() => (document.querySelector('#train-progress textarea, #train-progress input')"

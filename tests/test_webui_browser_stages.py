@@ -24,6 +24,7 @@ from webui_browser import (
     screenshot,
     serve,
     set_job_environment,
+    wait_text,
 )
 
 pytestmark = pytest.mark.browser
@@ -47,12 +48,6 @@ def server(tiny_llama_dir, tiny_vl_dir, tmp_path_factory):
             yield work, url
 
 
-def _wait_text(page, selector: str, needle: str, timeout_ms: int = 20_000) -> None:
-    page.wait_for_function(
-        "([s, n]) => (document.querySelector(s)?.innerText || '').includes(n)",
-        arg=[selector, needle], timeout=timeout_ms)
-
-
 def _shown(page, *keys: str) -> None:
     for key in keys:
         expect(page.locator(f"#cfg-{key}")).to_be_visible()
@@ -74,8 +69,8 @@ def test_each_stage_shows_its_keys_in_a_chinese_browser(server):
         choose(page, "cfg-stage", "dpo")
         _shown(page, "pref_beta", "pref_loss", "simpo_gamma", "ref_model")
         _hidden(page, "kto_chosen_weight", "kto_rejected_weight")
-        _wait_text(page, "#section-preference", "偏好训练")
-        _wait_text(page, "#cfg-pref_beta", "向参考模型靠拢的强度")  # the key's help, in Chinese
+        wait_text(page, "#section-preference", "偏好训练")
+        wait_text(page, "#cfg-pref_beta", "向参考模型靠拢的强度")  # the key's help, in Chinese
         ARTIFACTS.mkdir(parents=True, exist_ok=True)  # the section alone: the page is long
         page.locator("#section-preference").screenshot(path=str(ARTIFACTS / "train-dpo-keys-zh.png"))
         choose(page, "cfg-stage", "kto")
@@ -93,7 +88,7 @@ def test_data_tab_shows_pairs_and_media_with_token_counts(server):
         pick(page, "data-model", "models/tiny")
         field(page, "data-samples-shown").fill("1")
         page.locator("#data-preview").click()
-        _wait_text(page, "#data-samples", "──── rejected ────")
+        wait_text(page, "#data-samples", "──── rejected ────")
         samples = page.locator("#data-samples").inner_text()
         assert samples.index("── prompt") < samples.index("── chosen") < samples.index(
             "── rejected")
@@ -112,11 +107,11 @@ def test_data_tab_shows_pairs_and_media_with_token_counts(server):
         pick(page, "data-model", "models/vl")
         field(page, "data-samples-shown").fill("3")
         page.locator("#data-preview").click()
-        _wait_text(page, "#data-media-tokens", "total tokens")
+        wait_text(page, "#data-media-tokens", "total tokens")
         expect(page.locator("#data-media img")).to_have_count(4)  # 1 + 2 images, 1 video
         table = page.locator("#data-media-tokens").inner_text()
         assert "data/mm.json" in table and " + " in table  # two images: tokens of each
-        _wait_text(page, "#data-media", "tokens")  # captions: row, size, tokens
+        wait_text(page, "#data-media", "tokens")  # captions: row, size, tokens
         screenshot(page, "data-media")
 
 
@@ -134,7 +129,7 @@ def test_dpo_run_draws_reward_curves_next_to_the_loss(server):
             field(page, f"cfg-{key}").fill(value)
         expect(page.locator("#train-rewards")).to_be_hidden()
         page.locator("#train-start").click()
-        _wait_text(page, "#train-message", "Started job")
+        wait_text(page, "#train-message", "Started job")
         page.wait_for_function(
             "() => (document.querySelector('#train-progress textarea, #train-progress input')"
             "?.value || '').startsWith('finished')", timeout=120_000)
@@ -143,7 +138,7 @@ def test_dpo_run_draws_reward_curves_next_to_the_loss(server):
         page.wait_for_function(
             "() => document.querySelectorAll('#train-rewards .mark-line path').length >= 4")
         for series in ("chosen", "rejected", "margins", "accuracies"):
-            _wait_text(page, "#train-rewards", series)
+            wait_text(page, "#train-rewards", series)
         screenshot(page, "train-dpo")
     records = [json.loads(x) for x in
                (work / "saves" / "ui-dpo" / "metrics.jsonl").read_text().splitlines()]
@@ -174,7 +169,7 @@ def test_image_chat_in_a_chinese_browser(server):
         page.get_by_role("tab", name="对话").click()
         pick(page, "chat-model", "models/vl")
         page.locator("#chat-load").click()
-        _wait_text(page, "#chat-status", "已加载", 60_000)
+        wait_text(page, "#chat-status", "已加载", 60_000)
         page.locator("#chat-image input[type=file]").set_input_files(str(image))
         expect(page.locator("#chat-image img")).to_have_count(1)
         field(page, "chat-max-new").fill("6")

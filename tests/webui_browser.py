@@ -125,6 +125,13 @@ def choose(page, elem_id: str, value: str, attempts: int = 4) -> None:
     raise AssertionError(f"{elem_id}: could not pick {value!r} in {attempts} attempts")
 
 
+def wait_text(page, selector: str, needle: str, timeout_ms: int = 20_000) -> None:
+    """Wait until the element at `selector` shows `needle` in its text."""
+    page.wait_for_function(
+        "([s, n]) => (document.querySelector(s)?.innerText || '').includes(n)",
+        arg=[selector, needle], timeout=timeout_ms)
+
+
 def screenshot(page, name: str) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"

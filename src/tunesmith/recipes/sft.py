@@ -190,16 +190,13 @@ def _run_sft(cfg: Config, build_stage: StageBuilder) -> dict[str, Any]:
     metrics = (MetricsLog(out / METRICS_FILE, t.report_to, out, cfg.run.logging_dir,
                           cfg.run.run_name) if ctx.is_main else None)
     lora = f.finetuning_type in ("lora", "oft")  # an adapter is the output
-    d = cfg.data
-    loader = LoaderOptions(d.batch_tokens, d.dataloader_num_workers, d.dataloader_pin_memory,
-                           d.dataloader_prefetch_factor, d.dataloader_persistent_workers)
     trainer = Trainer(model, stage.objective, train_items,
                       data.val, t, pad_id=tokenizer.pad_token_id, device=device,
                       output_dir=out, metrics=metrics,
                       checkpoint_extra=save_artifacts if lora else None,
                       flops_per_token=partial(batch_flops, flop_model),
                       strategy=build_strategy(t, ctx, cfg.run.ddp_find_unused_parameters),
-                      loader=loader, optim=cfg.optim, run=cfg.run)
+                      loader=_loader_options(cfg.data), optim=cfg.optim, run=cfg.run)
     trainer.compile_guard = CompileGuard(model, plan)
     trainer.eval_groups = eval_groups(data.val, cfg.data)
     cache = _open_compile_cache(cfg, model, plan)
@@ -230,6 +227,11 @@ def _run_sft(cfg: Config, build_stage: StageBuilder) -> dict[str, Any]:
         summary = write_summary(out, cfg, result, data.report, device, speed=speed)
     barrier(ctx)
     return summary
+
+
+def _loader_options(d: Any) -> LoaderOptions:
+    return LoaderOptions(d.batch_tokens, d.dataloader_num_workers, d.dataloader_pin_memory,
+                         d.dataloader_prefetch_factor, d.dataloader_persistent_workers)
 
 
 def build_model(cfg: Config, model_path: str, device: torch.device,
