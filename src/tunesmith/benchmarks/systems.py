@@ -23,7 +23,8 @@ class System:
 
 
 def tunesmith_system(base: torch.nn.Module, *, lora: bool, checkpointing: str, compile: bool,
-                     varlen: bool, workdir: Path, lr: float = 1e-4) -> System:
+                     varlen: bool, workdir: Path, lr: float = 1e-4,
+                     extra: dict[str, Any] | None = None) -> System:
     """tunesmith's own path: prepare_trainable + apply_speed_settings + Trainer.train_step."""
     from tunesmith.adapters.setup import prepare_trainable
     from tunesmith.config import load_config
@@ -38,7 +39,8 @@ def tunesmith_system(base: torch.nn.Module, *, lora: bool, checkpointing: str, c
         "lr_scheduler_type": "constant", "finetuning_type": "lora" if lora else "full",
         "lora_rank": 16, "lora_alpha": 32, "lora_target": LORA_TARGETS,
         "gradient_checkpointing": checkpointing, "torch_compile": compile,
-        "attn_implementation": "varlen" if varlen else "sdpa", "max_steps": 10**6})
+        "attn_implementation": "varlen" if varlen else "sdpa", "max_steps": 10**6,
+        **(extra or {})})
     torch.manual_seed(1)
     model = prepare_trainable(base, cfg.finetuning, [])
     apply_speed_settings(model, cfg)
@@ -61,6 +63,9 @@ def tunesmith_system(base: torch.nn.Module, *, lora: bool, checkpointing: str, c
 
 
 def _undo_speed_settings(base: torch.nn.Module) -> None:
+    from tunesmith.kernels.fused import restore_mlps
+
+    restore_mlps(base)  # the peers run on the model's own modules (liger patches those)
     for layer in base.get_decoder().layers:
         layer._compiled_call_impl = None
     if getattr(base, "is_gradient_checkpointing", False):

@@ -7,11 +7,18 @@ falls back to the plain reference computation otherwise.
 
 from __future__ import annotations
 
+from collections import Counter
 from functools import lru_cache
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from tunesmith.kernels.lora_mlp import lora_parts, lora_swiglu
+
+# Eager calls of the fused LoRA MLP (compiled calls are not counted: a side effect would
+# break the graph); the run summary reports them as proof that the path ran.
+LORA_MLP_CALLS: Counter[str] = Counter()
 
 
 @lru_cache(maxsize=1)
@@ -55,14 +62,25 @@ class FusedRMSNorm(torch.nn.Module):
 
 
 class FusedSwiGLUMLP(torch.nn.Module):
-    """down(silu(gate(x)) * up(x)) with the original (possibly LoRA-wrapped) projections."""
+    """down(silu(gate(x)) * up(x)) with the original (possibly LoRA-wrapped) projections.
+    With `fuse_lora`, plain LoRA projections run as one autograd function that keeps less
+    for backward (kernels/lora_mlp.py); anything else runs the modules' own forward."""
 
-    def __init__(self, mlp: torch.nn.Module, use_liger: bool):
+    def __init__(self, mlp: torch.nn.Module, use_liger: bool, fuse_lora: bool = False):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         self.use_liger = use_liger and liger_ops() is not None
+        self.fuse_lora = fuse_lora
+        self.original = (mlp,)  # a tuple: not a submodule (no second copy in state dicts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fuse_lora:
+            parts = (lora_parts(self.gate_proj), lora_parts(self.up_proj),
+                     lora_parts(self.down_proj))
+            if parts[0] is not None and parts[1] is not None and parts[2] is not None:
+                if not torch.compiler.is_compiling():
+                    LORA_MLP_CALLS["eager"] += 1
+                return lora_swiglu(x, *parts)
         gate, up = self.gate_proj(x), self.up_proj(x)
         if self.use_liger and liger_runs_on(x):
             return self.down_proj(liger_ops()["silu_mul"].apply(gate, up))
@@ -102,3 +120,41 @@ def swap_fused_modules(model: torch.nn.Module, use_liger: bool) -> int:
                 setattr(parent, child_name, FusedSwiGLUMLP(child, use_liger))
                 swapped += 1
     return swapped
+
+
+def fuse_lora_mlps(model: torch.nn.Module) -> int:
+    """Turn on the fused LoRA path of every SwiGLU MLP whose three projections are plain LoRA
+    layers (swapping in FusedSwiGLUMLP where liger has not already); returns how many."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    names = FUSABLE.get(getattr(base.config, "model_type", ""))
+    if names is None or getattr(base.config, "hidden_act", "silu") != "silu":
+        return 0
+    fused = 0
+    for parent in list(base.modules()):
+        for child_name, child in list(parent.named_children()):
+            if type(child).__name__ not in (names[1], "FusedSwiGLUMLP"):
+                continue
+            if any(lora_parts(getattr(child, p)) is None
+                   for p in ("gate_proj", "up_proj", "down_proj")):
+                continue
+            if not isinstance(child, FusedSwiGLUMLP):
+                child = FusedSwiGLUMLP(child, use_liger=False)
+                setattr(parent, child_name, child)
+            child.fuse_lora = True
+            fused += 1
+    return fused
+
+
+def restore_mlps(model: torch.nn.Module) -> int:
+    """Put the model's own MLP modules back in place of FusedSwiGLUMLP (with whatever
+    projections they hold now); returns how many."""
+    restored = 0
+    for parent in list(model.modules()):
+        for child_name, child in list(parent.named_children()):
+            if isinstance(child, FusedSwiGLUMLP):
+                original = child.original[0]
+                original.gate_proj, original.up_proj = child.gate_proj, child.up_proj
+                original.down_proj = child.down_proj
+                setattr(parent, child_name, original)
+                restored += 1
+    return restored

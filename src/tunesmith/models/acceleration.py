@@ -20,7 +20,7 @@ import torch
 
 from tunesmith.errors import ConfigError
 from tunesmith.kernels.attention import VARLEN_ATTENTION, register_varlen_attention
-from tunesmith.kernels.fused import swap_fused_modules
+from tunesmith.kernels.fused import fuse_lora_mlps, swap_fused_modules
 
 log = logging.getLogger(__name__)
 
@@ -195,3 +195,25 @@ def apply_fused_kernels(model: torch.nn.Module, use_liger: bool) -> int:
     log.info("fused kernels: %d module(s) swapped (%s)", n,
              "liger-kernel on GPU tensors" if use_liger else "reference ops")
     return n
+
+
+def apply_fused_lora_mlp(model: torch.nn.Module, mode: str, finetuning_type: str,
+                         sharded_by: str) -> tuple[int, str]:
+    """`fused_lora_mlp`: (MLPs switched to the fused LoRA function, the reason). `sharded_by`
+    names DeepSpeed/FSDP when they hold the weights: their per-module gathering would not see
+    the fused function's direct use of the weights, so the modules' own forward stays."""
+    if mode == "false":
+        return 0, "fused_lora_mlp: false"
+    blocker = ("finetuning_type is not lora" if finetuning_type != "lora" else
+               f"{sharded_by} gathers weights per module" if sharded_by else "")
+    n = 0 if blocker else fuse_lora_mlps(model)
+    if n == 0 and not blocker:
+        blocker = ("no SwiGLU MLP with plain LoRA on gate_proj, up_proj and down_proj (they "
+                   "need lora_target to include all three, lora_dropout 0, no DoRA, an "
+                   "unquantised base, and a llama/mistral/qwen-family model)")
+    if mode == "true" and blocker:
+        raise ConfigError(f"fused_lora_mlp: true cannot be applied: {blocker}; set "
+                          "fused_lora_mlp: auto or false")
+    reason = f"{n} MLP(s) fused" if n else f"off: {blocker}"
+    log.info("fused_lora_mlp: %s", reason)
+    return n, reason

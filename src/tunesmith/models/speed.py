@@ -40,6 +40,8 @@ class LeverStats:
     compile_fallback: str = ""  # the error that turned compilation off, if any
     compiled_graphs: int = 0  # graphs torch.compile built during the run
     upcast_params: int = 0
+    fused_lora_mlps: int = 0  # MLPs running the fused LoRA function (kernels/lora_mlp.py)
+    fused_lora_mlp_reason: str = ""
 
 
 @dataclass

@@ -35,6 +35,7 @@ from tunesmith.errors import ConfigError, TunesmithError
 from tunesmith.kernels.fused import liger_ops
 from tunesmith.models.acceleration import (
     apply_fused_kernels,
+    apply_fused_lora_mlp,
     compile_decoder_layers,
     enable_checkpointing,
     set_attention,
@@ -281,6 +282,9 @@ def apply_speed_settings(model: torch.nn.Module, cfg: Config,
             raise ConfigError("enable_liger_kernel: liger-kernel is not installed; pip install "
                               "liger-kernel, or set enable_liger_kernel: false")
         apply_fused_kernels(model, use_liger=True)
+    sharded_by = "DeepSpeed" if cfg.training.deepspeed else "FSDP" if cfg.training.fsdp else ""
+    plan.stats.fused_lora_mlps, plan.stats.fused_lora_mlp_reason = apply_fused_lora_mlp(
+        model, cfg.speed.fused_lora_mlp, cfg.finetuning.finetuning_type, sharded_by)
     plan.stats.checkpointed_layers = enable_checkpointing(
         model, plan.checkpointing, reentrant=plan.reentrant, stats=plan.stats)
     model.config.use_cache = False

@@ -10,6 +10,7 @@ import torch
 
 from tunesmith.config.schema import Config
 from tunesmith.kernels.attention import VARLEN_CALLS
+from tunesmith.kernels.fused import LORA_MLP_CALLS
 from tunesmith.models.acceleration import OFFLOAD_COUNTS
 from tunesmith.models.speed import SpeedPlan, compiled_graphs
 
@@ -19,6 +20,7 @@ def reset_lever_counts() -> int:
     compiled graphs so far (the baseline for this run's count)."""
     VARLEN_CALLS.clear()
     OFFLOAD_COUNTS.clear()
+    LORA_MLP_CALLS.clear()
     return compiled_graphs()
 
 
@@ -31,6 +33,7 @@ def speed_report(plan: SpeedPlan, started: float, first_step_end: float | None,
     out = plan.report()
     out["varlen_calls"] = dict(VARLEN_CALLS)
     out["offloaded_mb"] = OFFLOAD_COUNTS["bytes"] / 1e6
+    out["fused_lora_mlp_calls"] = LORA_MLP_CALLS["eager"]
     out["time_to_first_step_s"] = (first_step_end - started) if first_step_end else None
     return out
 

@@ -1,0 +1,160 @@
+"""The fused LoRA SwiGLU MLP (kernels/lora_mlp.py): same loss and gradients as PEFT's layers,
+less kept for backward, refused where it does not apply, and reachable from the CLI."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import yaml
+from peft import LoraConfig, get_peft_model
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from tunesmith.cli.main import main
+from tunesmith.kernels.fused import LORA_MLP_CALLS, FusedSwiGLUMLP, fuse_lora_mlps, restore_mlps
+from tunesmith.kernels.lora_mlp import lora_parts
+
+HIDDEN, INTER, RANK = 64, 160, 8
+
+
+def _lora_model(seed: int = 0, **lora) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(hidden_size=HIDDEN, intermediate_size=INTER, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
+    model = get_peft_model(Qwen2ForCausalLM(cfg), LoraConfig(
+        r=RANK, lora_alpha=16, target_modules="all-linear", **{"lora_dropout": 0.0, **lora}))
+    for name, p in model.named_parameters():
+        if "lora_B" in name:  # PEFT starts B at zero; make the adapters act
+            torch.nn.init.normal_(p, std=0.1)
+    return model
+
+
+def _grads(model, ids) -> tuple[float, dict[str, torch.Tensor]]:
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()
+                         if p.requires_grad}
+
+
+def test_fused_matches_peft_loss_and_every_adapter_gradient():
+    ref = _lora_model()
+    fused = copy.deepcopy(ref)
+    assert fuse_lora_mlps(fused) == 2
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
+    LORA_MLP_CALLS.clear()
+    loss_ref, grads_ref = _grads(ref, ids)
+    loss_fused, grads_fused = _grads(fused, ids)
+    assert LORA_MLP_CALLS["eager"] == 2  # the fused path ran in both layers
+    assert loss_fused == pytest.approx(loss_ref, rel=1e-6)
+    assert grads_ref.keys() == grads_fused.keys()
+    for name, g in grads_ref.items():
+        torch.testing.assert_close(grads_fused[name], g, rtol=1e-4, atol=1e-6, msg=name)
+    # saved adapters keep PEFT's names
+    assert set(fused.state_dict()) == set(ref.state_dict())
+
+
+def _saved_bytes(mlp: torch.nn.Module, x: torch.Tensor) -> int:
+    params = {p.untyped_storage().data_ptr() for p in mlp.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = mlp(x)
+    y.sum().backward()
+    return sum(seen.values())
+
+
+def test_backward_keeps_inputs_gate_and_up_only():
+    model = _lora_model()
+    mlp = model.get_base_model().model.layers[0].mlp
+    fused = FusedSwiGLUMLP(copy.deepcopy(mlp), use_liger=False, fuse_lora=True)
+    x = torch.randn(3, 16, HIDDEN, requires_grad=True)
+    tokens, f32 = 3 * 16, 4
+    kept = _saved_bytes(fused, x)
+    # x, gate, up and the three rank-r products; nothing [tokens, INTER] besides gate and up
+    assert kept == tokens * f32 * (HIDDEN + 2 * INTER + 3 * RANK)
+    assert _saved_bytes(mlp, x) >= kept + tokens * f32 * INTER  # PEFT keeps h as well
+
+
+@pytest.mark.parametrize("change", ["dropout", "dora", "merged", "disabled", "not_lora"])
+def test_non_plain_lora_keeps_the_modules_forward(change):
+    model = _lora_model(**({"lora_dropout": 0.1} if change == "dropout" else
+                           {"use_dora": True} if change == "dora" else {}))
+    model.eval()  # dropout off for the comparison (it still makes the layer non-plain)
+    mlp = model.get_base_model().model.layers[0].mlp
+    if change == "merged":
+        mlp.gate_proj.merge()
+    if change == "disabled":
+        mlp.up_proj.enable_adapters(False)
+    if change == "not_lora":
+        mlp.down_proj = mlp.down_proj.base_layer
+    assert lora_parts(mlp.gate_proj) is None or lora_parts(mlp.up_proj) is None \
+        or lora_parts(mlp.down_proj) is None
+    wrapped = FusedSwiGLUMLP(mlp, use_liger=False, fuse_lora=True)
+    LORA_MLP_CALLS.clear()
+    x = torch.randn(2, 5, HIDDEN)
+    gate, up = mlp.gate_proj(x), mlp.up_proj(x)
+    torch.testing.assert_close(wrapped(x), mlp.down_proj(torch.nn.functional.silu(gate) * up))
+    assert LORA_MLP_CALLS["eager"] == 0
+
+
+def test_traces_as_one_graph():
+    fused = copy.deepcopy(_lora_model())
+    fuse_lora_mlps(fused)
+    mlp = fused.get_base_model().model.layers[0].mlp
+    x = torch.randn(2, 8, HIDDEN, requires_grad=True)
+    torch._dynamo.reset()
+    compiled = torch.compile(mlp, backend="aot_eager", fullgraph=True)  # a break would raise
+    compiled(x).sum().backward()
+    grad = x.grad.clone()
+    x.grad = None
+    mlp(x).sum().backward()
+    torch.testing.assert_close(grad, x.grad)
+    torch._dynamo.reset()
+
+
+def _train(tmp_path, model_dir, data, rc: int = 0, **keys) -> dict:
+    cfg = {"model_name_or_path": str(model_dir), "dataset": str(data),
+           "output_dir": str(tmp_path / "out"), "overwrite_output_dir": True, "max_steps": 2,
+           "per_device_train_batch_size": 2, "cutoff_len": 64, "learning_rate": 1e-3,
+           "logging_steps": 1, "save_steps": 0, "plot_loss": False, "finetuning_type": "lora",
+           "lora_target": "all", **keys}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["train", str(path)]) == rc
+    return json.loads((tmp_path / "out" / "run_summary.json").read_text()) if rc == 0 else {}
+
+
+def test_cli_auto_fuses_and_false_does_not(tmp_path, tiny_qwen2_dir, alpaca_file):
+    on = _train(tmp_path / "on", tiny_qwen2_dir, alpaca_file)
+    off = _train(tmp_path / "off", tiny_qwen2_dir, alpaca_file, fused_lora_mlp="false")
+    assert on["speed"]["fused_lora_mlps"] == 2
+    assert on["speed"]["fused_lora_mlp_calls"] >= 2 * 2  # layers x steps
+    assert off["speed"]["fused_lora_mlps"] == 0 and off["speed"]["fused_lora_mlp_calls"] == 0
+    assert on["final_loss"] == pytest.approx(off["final_loss"], rel=1e-4)
+
+
+def test_cli_true_says_why_it_cannot(tmp_path, tiny_qwen2_dir, alpaca_file, capsys):
+    _train(tmp_path, tiny_qwen2_dir, alpaca_file, rc=1, fused_lora_mlp="true", lora_dropout=0.1)
+    err = capsys.readouterr().err
+    assert "fused_lora_mlp: true cannot be applied" in err and "lora_dropout 0" in err
+
+
+def test_restore_puts_the_models_own_mlps_back():
+    model = _lora_model()
+    ids = torch.randint(0, 128, (1, 8))
+    before = model(input_ids=ids).logits
+    assert fuse_lora_mlps(model) == 2
+    assert restore_mlps(model) == 2
+    layers = model.get_base_model().model.layers
+    assert all(type(layer.mlp).__name__ == "Qwen2MLP" for layer in layers)
+    assert lora_parts(layers[0].mlp.gate_proj) is not None  # the LoRA layers moved back too
+    torch.testing.assert_close(model(input_ids=ids).logits, before)
