@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tunesmith.benchmarks.e2e import CASES, case_yaml, parse_args
+from tunesmith.benchmarks.e2e import CASES, case_yaml, parse_args, run_cap
 from tunesmith.benchmarks.e2e_report import ratios, write_report
 from tunesmith.benchmarks.unsloth_system import (
     LORA_TARGETS,
@@ -65,6 +65,8 @@ def test_recorded_result_uses_tunesmiths_warmup_rule():
     assert (r["loss_first"], r["loss_last"], r["peak_alloc_gb"]) == (12.6491, 12.2002, 43.6)
     failed = parse_result({**RECORDED, "status": "failed while training: OOM"}, "exit 1")
     assert failed["status"] == "exit 1 (failed while training: OOM)"
+    assert parse_result(RECORDED, "timeout after 9 s")["status"] == "timeout after 9 s"
+    assert parse_result({"status": "training"}, "ok")["status"] == "training"
 
 
 def test_install_failure_is_a_status(tmp_path):
@@ -122,6 +124,9 @@ def test_report_gains_unsloth_columns(tmp_path):
 def test_unknown_system_is_refused():
     with pytest.raises(SystemExit):
         parse_args(["--systems", "tunesmith,axolotl"])
+    opts = parse_args(["--run-cap-s", "110", "--uns-run-cap-s", "200"])
+    assert (run_cap("unsloth", opts, 500), run_cap("tunesmith", opts, 500)) == (200, 110)
+    assert run_cap("unsloth", opts, 150) == 150  # never past the budget
     assert parse_args(["--tiny", "--systems", "tunesmith,llamafactory,unsloth"]).systems == \
         ["tunesmith", "unsloth"]
 

@@ -214,7 +214,7 @@ def run_e2e(opts: Any) -> dict[str, Any]:
         elif left < opts.min_run_s:
             results[key] = {"status": f"skipped: {left:.0f} s of the budget left"}
         else:
-            results[key] = run_case(system, case, opts, assets, min(opts.run_cap_s, left),
+            results[key] = run_case(system, case, opts, assets, run_cap(system, opts, left),
                                     device.type == "cpu")
         print(f"[e2e] {key}: {json.dumps(results[key], default=str)[:300]}", flush=True)
     meta = {"shape": shape, "device": torch.cuda.get_device_name(0) if device.type == "cuda"
@@ -245,13 +245,19 @@ def install_peers(opts: Any, runs: Path) -> dict[str, Any]:
     return problems
 
 
+def run_cap(system: str, opts: Any, left: float) -> float:
+    """Seconds one run may take: its system's cap (Unsloth's import and load take longer),
+    at most what is left of the budget."""
+    return min(opts.uns_run_cap_s if system == "unsloth" else opts.run_cap_s, left)
+
+
 def run_case(system: str, case: str, opts: Any, assets: Any, cap: float, cpu: bool
              ) -> dict[str, Any]:
     runs = Path(opts.work) / "runs"
     steps = {"tunesmith": opts.steps, "unsloth": opts.uns_steps}.get(system, opts.lf_steps)
     path, out = case_yaml(system, case, assets, steps, runs, cpu)
     if system == "unsloth":
-        return run_unsloth_case(case, path, assets, opts, min(cap, opts.uns_run_cap_s))
+        return run_unsloth_case(case, path, assets, opts, cap)
     if system == "tunesmith":
         return run_tunesmith(path, out, cap, ts_env(Path(opts.work)))
     from transformers import AutoTokenizer
@@ -272,6 +278,16 @@ def run_unsloth_case(case: str, yaml_path: Path, assets: Any, opts: Any, cap: fl
     return run_unsloth(spec, runs / f"unsloth-{case}.log", cap, Path(opts.uns_site))
 
 
+def add_unsloth_options(ap: Any) -> None:
+    ap.add_argument("--uns-site", default="/tmp/site_uns",
+                    help="Unsloth's --target folder (bitsandbytes, torchao put there earlier)")
+    ap.add_argument("--uns-wheels", default=".carry/uns",
+                    help="Unsloth 2026.10.9 and what the device lacks, as wheels")
+    ap.add_argument("--uns-steps", type=int, default=30, help="Unsloth steps per run")
+    ap.add_argument("--uns-run-cap-s", type=float, default=200.0,
+                    help="one Unsloth run, seconds (its import and load take longer)")
+
+
 def parse_args(argv: list[str]) -> Any:
     import argparse
 
@@ -290,13 +306,7 @@ def parse_args(argv: list[str]) -> Any:
                     help=f"comma-separated, from {', '.join(CASES)}")
     ap.add_argument("--systems", default="tunesmith,llamafactory",
                     help=f"comma-separated, from {', '.join(SYSTEMS)}")
-    ap.add_argument("--uns-site", default="/tmp/site_uns",
-                    help="Unsloth's --target folder (bitsandbytes, torchao put there earlier)")
-    ap.add_argument("--uns-wheels", default=".carry/uns",
-                    help="Unsloth 2026.10.9 and what the device lacks, as wheels")
-    ap.add_argument("--uns-steps", type=int, default=30, help="Unsloth steps per run")
-    ap.add_argument("--uns-run-cap-s", type=float, default=200.0,
-                    help="one Unsloth run, seconds (its import and load take longer)")
+    add_unsloth_options(ap)
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=30, help="tunesmith steps per run")
     ap.add_argument("--lf-steps", type=int, default=20, help="LLaMA-Factory steps per run")
@@ -307,12 +317,10 @@ def parse_args(argv: list[str]) -> Any:
     opts = ap.parse_args(argv)
     opts.cases = [c for c in opts.cases.split(",") if c]
     opts.systems = [s for s in opts.systems.split(",") if s]
-    unknown = [c for c in opts.cases if c not in CASES]
-    if unknown:
-        ap.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
-    unknown = [s for s in opts.systems if s not in SYSTEMS]
-    if unknown:
-        ap.error(f"unknown system(s) {unknown}; choose from {', '.join(SYSTEMS)}")
+    for name, given, known in (("case", opts.cases, CASES), ("system", opts.systems, SYSTEMS)):
+        unknown = [g for g in given if g not in known]
+        if unknown:
+            ap.error(f"unknown {name}(s) {unknown}; choose from {', '.join(known)}")
     if opts.tiny:  # LLaMA-Factory only with --lf-python; Unsloth only when named
         opts.systems = [s for s in opts.systems if s != "llamafactory" or opts.lf_python]
         opts.samples, opts.steps = min(opts.samples, 64), min(opts.steps, 4)

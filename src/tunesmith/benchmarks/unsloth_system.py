@@ -127,8 +127,11 @@ def parse_result(record: dict[str, Any], run_status: str) -> dict[str, Any]:
     give): steady-state tokens/s by tunesmith's warm-up rule, peak allocated GB, losses."""
     status = record.get("status", "no status")
     steps = [(float(s[0]), int(s[1]), int(s[2]), 0.0) for s in record.get("steps", [])]
-    out: dict[str, Any] = {"status": "ok" if status == "ok" and run_status == "ok" else
-                           f"{run_status} ({status})" if status != "ok" else run_status}
+    if status == "ok" or run_status == "ok":  # the one that is not ok, else ok
+        status = run_status if status == "ok" else status
+    else:  # the process's exit and the runner's own word on why
+        status = f"{run_status} ({status})"
+    out: dict[str, Any] = {"status": status}
     if steps:
         steady = steady_state(steps, None)
         out.update({"tokens_per_s": steady["steady_tokens_per_s"],
