@@ -91,7 +91,8 @@ def test_import_failure_is_a_status(tmp_path):
 
 def test_report_gains_unsloth_columns(tmp_path):
     ok = {"status": "ok"}
-    results = {"tunesmith-dense": {**ok, "tokens_per_s": 300.0, "mfu": 0.6, "peak_alloc_gb": 40},
+    results = {"tunesmith-dense": {**ok, "tokens_per_s": 300.0, "mfu": 0.6, "peak_alloc_gb": 40,
+                                   "loss_last": 12.21234},
                "unsloth-dense": {**ok, "tokens_per_s": 250.0, "peak_alloc_gb": 43.6,
                                  "loss_first": 12.6, "loss_last": 12.2},
                "llamafactory-dense": {**ok, "tokens_per_s": 200.0, "peak_alloc_gb": 60},
@@ -110,7 +111,7 @@ def test_report_gains_unsloth_columns(tmp_path):
     assert "| dense | 300 | 40.0 | 60.0% | 200 | 60.0 | 40.0% | 1.5 | 250 | 43.6 | 50.0% | 1.2 |" \
         in md
     assert "| natural | 200 | 50.0 | 50.0% | not run |  |  | n/a | - |  |  | - |" in md
-    assert "dense: 12.6 -> 12.2" in md and "unsloth-dense_recompute: timeout after 200 s" in md
+    assert "dense: 12.6 -> 12.2 (tunesmith's last: 12.2123)" in md and "unsloth-dense_recompute: timeout after 200 s" in md
     del results["llamafactory-dense"]
     write_report(tmp_path, ratios(results, CASES), meta)  # no LLaMA-Factory run: no columns
     md = (tmp_path / "e2e.md").read_text()

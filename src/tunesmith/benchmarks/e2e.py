@@ -98,7 +98,8 @@ def run_tunesmith(yaml_path: Path, out: Path, cap_s: float, env: dict[str, str]
             "time_to_first_step_s": sp.get("time_to_first_step_s"),
             "attention": sp.get("attention"), "compile": sp.get("compile"),
             "compile_fallback": sp.get("compile_fallback"),
-            "packing_efficiency": s["data"].get("packing_efficiency")}
+            "packing_efficiency": s["data"].get("packing_efficiency"),
+            "loss_last": s.get("final_loss")}
 
 
 def run_llamafactory(yaml_path: Path, out: Path, cap_s: float, env: dict[str, str],

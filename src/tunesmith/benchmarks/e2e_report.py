@@ -80,10 +80,15 @@ def write_report(out: Path, table: dict[str, Any], meta: dict[str, Any]) -> None
 
 
 def _loss_lines(table: dict[str, Any]) -> list[str]:
-    """First and last loss of the Unsloth runs (its runner reports them)."""
-    found = [f"{case}: {row['unsloth']['loss_first']} -> {row['unsloth']['loss_last']}"
-             for case, row in table.items()
-             if (row.get("unsloth") or {}).get("loss_first") is not None]
+    """First and last loss of the Unsloth runs (its runner reports them), beside tunesmith's
+    last loss on the same samples."""
+    found = []
+    for case, row in table.items():
+        theirs, ours = row.get("unsloth") or {}, row.get("tunesmith") or {}
+        if theirs.get("loss_first") is None:
+            continue
+        tail = f" (tunesmith's last: {ours['loss_last']:.4f})" if ours.get("loss_last") else ""
+        found.append(f"{case}: {theirs['loss_first']} -> {theirs['loss_last']}{tail}")
     return ["", "Unsloth loss, first -> last step: " + "; ".join(found) + "."] if found else []
 
 
