@@ -161,3 +161,17 @@ def test_tiny_e2e_with_unsloth_through_the_cli(tmp_path):
     # ... in the same order: the last step's loss agrees (LoRA B starts at zero, lr 1e-4)
     assert theirs["loss_last"] == pytest.approx(summary["final_loss"], abs=2e-3)
     assert "Unsloth tok/s" in (out / "e2e.md").read_text()
+
+
+@pytest.mark.slow
+def test_failed_unsloth_install_leaves_the_other_runs(tmp_path):
+    out = tmp_path / "out"
+    assert main(["bench", "--e2e", "--tiny", "--cases", "dense", "--steps", "2",
+                 "--samples", "16", "--systems", "tunesmith,unsloth",
+                 "--uns-site", str(tmp_path / "site"), "--uns-wheels", str(tmp_path / "none"),
+                 "--work", str(tmp_path / "w"), "--out", str(out)]) == 0
+    runs = json.loads((out / "e2e.json").read_text())["meta"]["runs"]
+    assert runs["tunesmith-dense"]["status"] == "ok"
+    assert runs["unsloth-dense"]["status"] == f"skipped: no unsloth wheel in {tmp_path / 'none'} " \
+        "(see docs/benchmarks/README.md for the list)"
+    assert "| dense |" in (out / "e2e.md").read_text()
