@@ -80,11 +80,13 @@ def test_install_failure_is_a_status(tmp_path):
     assert install_unsloth(wheels, site, tmp_path / "i.log") is None
 
 
-def test_import_failure_is_a_status(tmp_path):
-    spec = runner_spec(tmp_path / "m", tmp_path / "r.npz", tmp_path / "o.json",
+def test_import_failure_is_a_status(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths (a relative --work) work too
+    (tmp_path / "runs").mkdir()
+    spec = runner_spec(Path("m"), Path("runs/r.npz"), Path("runs/o.json"),
                        {"cutoff_len": 64, "pad_id": 0, "lora_r": 4, "lora_alpha": 8,
                         "learning_rate": 1e-4, "seed": 1}, False)
-    r = run_unsloth(spec, tmp_path / "u.log", 60, tmp_path / "empty-site")
+    r = run_unsloth(spec, Path("runs/u.log"), 60, tmp_path / "empty-site")
     assert r["status"] == ("exit 1 (see u.log) (import failed: ModuleNotFoundError: "
                            "No module named 'unsloth')")
 

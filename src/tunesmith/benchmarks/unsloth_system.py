@@ -149,6 +149,7 @@ def parse_result(record: dict[str, Any], run_status: str) -> dict[str, Any]:
 def run_unsloth(spec: dict[str, Any], log_path: Path, cap_s: float, site: Path
                 ) -> dict[str, Any]:
     """One Unsloth run as its own process; never raises for a failed run."""
+    log_path = log_path.resolve()  # the runner's working folder is the log's folder
     spec_path = log_path.with_suffix(".spec.json")
     spec_path.write_text(json.dumps(spec, indent=1))
     result = Path(spec["result"])
