@@ -76,8 +76,10 @@ def test_install_failure_is_a_status(tmp_path):
     (wheels / "unsloth-2026.10.9-py3-none-any.whl").write_bytes(b"not a zip")
     reason = install_unsloth(wheels, site, tmp_path / "i.log")
     assert reason == "pip install of the Unsloth wheels failed (see i.log)"
-    shutil.copytree(STANDIN, site, dirs_exist_ok=True)  # already there: nothing to install
+    (site / "unsloth-2026.10.9.dist-info").mkdir(parents=True)  # installed: pip not run
     assert install_unsloth(wheels, site, tmp_path / "i.log") is None
+    shutil.copytree(STANDIN, tmp_path / "other")  # no wheels: a site holding unsloth is used
+    assert install_unsloth(tmp_path / "none", tmp_path / "other", tmp_path / "i.log") is None
 
 
 def test_import_failure_is_a_status(tmp_path, monkeypatch):

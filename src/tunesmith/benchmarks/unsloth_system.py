@@ -28,19 +28,28 @@ COMPANIONS = ("bitsandbytes", "torchao")
 
 
 def install_unsloth(wheels: Path, site: Path, log_path: Path) -> str | None:
-    """Unsloth and the packages the device lacks into `site`; None when ready, else the
-    reason (the benchmark then records it as the Unsloth runs' status)."""
-    if (site / "unsloth").is_dir() and (site / "unsloth_zoo").is_dir():
-        return None
+    """Unsloth and the packages the device lacks into `site`, unless every carried wheel is
+    installed there already; None when ready, else the reason (the benchmark then records it
+    as the Unsloth runs' status). Without wheels, a site that holds unsloth is used as is."""
     found = sorted(wheels.glob("*.whl")) if wheels.is_dir() else []
     if not any(w.name.startswith("unsloth-") for w in found):
+        if (site / "unsloth").is_dir():
+            return None
         return f"no unsloth wheel in {wheels} (see docs/benchmarks/README.md for the list)"
+    if all(_installed(site, w) for w in found):
+        return None
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
            "--no-compile", "--upgrade", "--target", str(site), *map(str, found)]
     with open(log_path, "w") as log:
         if subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode:
             return f"pip install of the Unsloth wheels failed (see {log_path.name})"
     return None
+
+
+def _installed(site: Path, wheel: Path) -> bool:
+    """A wheel's name-version.dist-info folder is in `site` (wheel file names carry both)."""
+    name, version = wheel.name.split("-")[:2]
+    return (site / f"{name}-{version}.dist-info").is_dir()
 
 
 def missing_companions(site: Path) -> list[str]:
