@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from tunesmith.benchmarks.e2e import CASES, case_yaml, parse_args, ratios
+from tunesmith.benchmarks.e2e import CASES, case_yaml, parse_args
+from tunesmith.benchmarks.e2e_report import ratios
 from tunesmith.cli.main import main
 
 
@@ -39,7 +40,7 @@ def test_ratio_table_and_lf_mfu():
                "llamafactory-natural": {"tokens_per_s": 200.0},
                "llamafactory-best": {"tokens_per_s": 150.0},
                "tunesmith-dense": {"status": "timeout after 150 s"}}
-    table = ratios(results)
+    table = ratios(results, CASES)
     assert table["natural"]["ratio"] == 1.5 and table["best"]["ratio"] == 2.0
     assert table["natural"]["llamafactory"]["mfu"] == pytest.approx(0.4)
     assert table["dense"]["ratio"] is None and "recompute" not in table

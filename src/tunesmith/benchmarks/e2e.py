@@ -1,17 +1,20 @@
 """End-to-end benchmark: `tunesmith train <yaml>` against `llamafactory-cli train <yaml>`
-on the same model, file and keys, each as its own process (what a user runs).
+on the same model, file and keys, each as its own process (what a user runs), and against
+Unsloth's FastLanguageModel (16-bit LoRA) on the dense rows.
 
-    cases        tunesmith                           LLaMA-Factory 0.9.5
-    natural      packing, bf16 (no speed key)        the same YAML (its default: recompute)
-    best         the natural run (auto = tuned)      + liger, neat_packing, no recompute
-    recompute    + gradient_checkpointing: true      + liger, neat_packing (recompute)
-    dense        2048-token rows, no speed key       + liger, no recompute
-    cached       the natural run again (its compile warm-up from the cache), tunesmith only
+    cases          tunesmith                        LLaMA-Factory 0.9.5          Unsloth
+    natural        packing, bf16 (no speed key)     the same YAML (recompute)    -
+    best           the natural run (auto = tuned)   + liger, neat_packing, no gc -
+    recompute      + gradient_checkpointing: true   + liger, neat_packing (gc)   -
+    dense          2048-token rows, no speed key    + liger, no recompute        no checkpointing
+    cached         the natural run again (its compile warm-up from the cache), tunesmith only
+    dense_recompute + gradient_checkpointing: offload + liger, recompute      "unsloth" (offloaded)
 
 Figures: steady-state non-pad tokens/s (warm-up steps left out), peak allocated GB, MFU
-(tunesmith's FLOP model, the same FLOPs per token for both: same samples); `ratio` =
-tunesmith / LLaMA-Factory. LLaMA-Factory runs from wheels installed into a private
---target folder (its pinned transformers/peft), never on tunesmith's stack.
+(tunesmith's FLOP model, the same FLOPs per token for every system: same samples); `ratio` =
+tunesmith / LLaMA-Factory, `ratio_unsloth` = tunesmith / Unsloth. LLaMA-Factory and Unsloth
+run from wheels installed into private --target folders, never on tunesmith's stack; Unsloth
+trains on the samples tunesmith's data pipeline made for the same YAML (unsloth_system.py).
 """
 
 from __future__ import annotations
@@ -27,23 +30,40 @@ from typing import Any
 
 import yaml
 
+from tunesmith.benchmarks.e2e_report import ratios, write_report
+from tunesmith.benchmarks.unsloth_system import (
+    export_rows,
+    install_unsloth,
+    missing_companions,
+    run_unsloth,
+    runner_spec,
+)
+
 CASES: dict[str, dict[str, Any]] = {
-    "natural": {"data": "alpaca", "tunesmith": {}, "llamafactory": {}},
+    "natural": {"data": "alpaca", "tunesmith": {}, "llamafactory": {}, "unsloth": None},
     "best": {"data": "alpaca", "tunesmith": "natural",
              "llamafactory": {"enable_liger_kernel": True, "neat_packing": True,
-                              "disable_gradient_checkpointing": True}},
+                              "disable_gradient_checkpointing": True}, "unsloth": None},
     "recompute": {"data": "alpaca", "tunesmith": {"gradient_checkpointing": "true"},
-                  "llamafactory": {"enable_liger_kernel": True, "neat_packing": True}},
+                  "llamafactory": {"enable_liger_kernel": True, "neat_packing": True},
+                  "unsloth": None},
     "dense": {"data": "dense", "tunesmith": {},
               "llamafactory": {"enable_liger_kernel": True,
-                               "disable_gradient_checkpointing": True}},
+                               "disable_gradient_checkpointing": True},
+              "unsloth": {"gradient_checkpointing": False}},
     # the natural run again: its compile warm-up comes from the cache the first one wrote
-    "cached": {"data": "alpaca", "tunesmith": {}, "llamafactory": None},
+    "cached": {"data": "alpaca", "tunesmith": {}, "llamafactory": None, "unsloth": None},
+    "dense_recompute": {"data": "dense", "tunesmith": {"gradient_checkpointing": "offload"},
+                        "llamafactory": {"enable_liger_kernel": True},
+                        "unsloth": {"gradient_checkpointing": "unsloth"}},
 }
+SYSTEMS = ("tunesmith", "llamafactory", "unsloth")
 # the order runs are made in, most telling first (a run that does not fit is skipped)
 RUN_ORDER = [("tunesmith", "natural"), ("llamafactory", "best"), ("tunesmith", "recompute"),
              ("llamafactory", "recompute"), ("tunesmith", "dense"), ("llamafactory", "dense"),
-             ("llamafactory", "natural"), ("tunesmith", "cached")]
+             ("llamafactory", "natural"), ("tunesmith", "cached"), ("unsloth", "dense"),
+             ("tunesmith", "dense_recompute"), ("unsloth", "dense_recompute"),
+             ("llamafactory", "dense_recompute")]
 SRC = Path(__file__).resolve().parents[2]
 
 
@@ -78,7 +98,8 @@ def run_tunesmith(yaml_path: Path, out: Path, cap_s: float, env: dict[str, str]
             "time_to_first_step_s": sp.get("time_to_first_step_s"),
             "attention": sp.get("attention"), "compile": sp.get("compile"),
             "compile_fallback": sp.get("compile_fallback"),
-            "packing_efficiency": s["data"].get("packing_efficiency")}
+            "packing_efficiency": s["data"].get("packing_efficiency"),
+            "loss_last": s.get("final_loss")}
 
 
 def run_llamafactory(yaml_path: Path, out: Path, cap_s: float, env: dict[str, str],
@@ -147,13 +168,15 @@ def ts_env(work: Path) -> dict[str, str]:
 
 def case_yaml(system: str, case: str, assets: Any, steps: int, runs: Path, cpu: bool
               ) -> tuple[Path, Path]:
+    """The case's YAML for `system`; Unsloth gets tunesmith's (its rows are made from it)."""
     spec = CASES[case]
     out = runs / f"{system}-{case}"
     shutil.rmtree(out, ignore_errors=True)
     keys = base_keys(assets.model_dir, assets.data_dir, spec["data"], steps, out)
-    extra = spec[system]
-    keys.update(CASES[extra][system] if isinstance(extra, str) else extra)
-    if system == "tunesmith":
+    as_system = "tunesmith" if system == "unsloth" else system
+    extra = spec[as_system]
+    keys.update(CASES[extra][as_system] if isinstance(extra, str) else extra)
+    if as_system == "tunesmith":
         keys.update({"save_steps": 0, "overwrite_output_dir": True})
     else:  # keys tunesmith spells differently or has no use for
         keys.update({"save_strategy": "no", "report_to": "none", "overwrite_cache": True,
@@ -165,59 +188,6 @@ def case_yaml(system: str, case: str, assets: Any, steps: int, runs: Path, cpu: 
     path = runs / f"{system}-{case}.yaml"
     path.write_text(yaml.safe_dump(keys, sort_keys=False))
     return path, out
-
-
-def ratios(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per case: both systems' figures, LLaMA-Factory's MFU from tunesmith's FLOPs per
-    token on the same samples, and the tokens/s ratio."""
-    table: dict[str, Any] = {}
-    for case, spec in CASES.items():
-        if spec["llamafactory"] is None:
-            continue
-        ours = results.get(f"tunesmith-{spec['tunesmith']}" if isinstance(spec["tunesmith"], str)
-                           else f"tunesmith-{case}")
-        theirs = results.get(f"llamafactory-{case}")
-        if ours is None and theirs is None:
-            continue
-        row: dict[str, Any] = {"tunesmith": ours, "llamafactory": theirs, "ratio": None}
-        ok = (ours or {}).get("tokens_per_s") and (theirs or {}).get("tokens_per_s")
-        if ok:
-            row["ratio"] = round(ours["tokens_per_s"] / theirs["tokens_per_s"], 3)
-            if ours.get("mfu") is not None:
-                theirs["mfu"] = ours["mfu"] * theirs["tokens_per_s"] / ours["tokens_per_s"]
-        table[case] = row
-    return table
-
-
-def write_report(out: Path, table: dict[str, Any], meta: dict[str, Any]) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "e2e.json").write_text(json.dumps({"meta": meta, "cases": table}, indent=2,
-                                             default=str))
-    lines = [f"# End-to-end: tunesmith train vs llamafactory-cli train ({meta['shape']})", "",
-             f"{meta['device']}; LoRA r16/alpha 32 on all projections, micro-batch 4 x 2048, "
-             "bf16; steady-state non-pad tokens/s.", "",
-             "| case | tunesmith tok/s | GB | MFU | LLaMA-Factory tok/s | GB | MFU | ratio |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for case, row in table.items():
-        lines.append(f"| {case} | {_cells(row['tunesmith'])} | {_cells(row['llamafactory'])} "
-                     f"| {row['ratio'] if row['ratio'] is not None else 'n/a'} |")
-    first = meta["time_to_first_step_s"]
-    if first.get("first") and first.get("second_cached"):
-        lines += ["", f"Time to the first step (natural YAML): {first['first']:.0f} s; the same "
-                  f"run again with the compile cache: {first['second_cached']:.0f} s."]
-    lines += ["", "Runs that did not finish: " + (", ".join(
-        f"{k}: {v['status']}" for k, v in meta["runs"].items() if v.get("status") != "ok")
-        or "none"), ""]
-    (out / "e2e.md").write_text("\n".join(lines))
-    print("\n".join(lines))
-
-
-def _cells(r: dict[str, Any] | None) -> str:
-    if not r or not r.get("tokens_per_s"):
-        return f"{(r or {}).get('status', 'not run')} | | "
-    mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "n/a"
-    gb = f"{r['peak_alloc_gb']:.1f}" if r.get("peak_alloc_gb") is not None else "n/a"
-    return f"{r['tokens_per_s']:,.0f} | {gb} | {mfu}"
 
 
 def run_e2e(opts: Any) -> dict[str, Any]:
@@ -232,10 +202,7 @@ def run_e2e(opts: Any) -> dict[str, Any]:
     runs = Path(opts.work) / "runs"
     runs.mkdir(parents=True, exist_ok=True)
     assets = build_assets(Path(opts.work), shape, opts.samples, device)
-    lf_problem = ("not asked for" if "llamafactory" not in opts.systems else None
-                  if opts.lf_python else install_llamafactory(Path(opts.wheels),
-                                                              Path(opts.lf_site),
-                                                              runs / "lf-install.log"))
+    problems = install_peers(opts, runs)
     results: dict[str, dict[str, Any]] = {}
     for system, case in RUN_ORDER:
         spec = CASES[case][system]
@@ -243,30 +210,55 @@ def run_e2e(opts: Any) -> dict[str, Any]:
             continue  # not asked for, the same run as another case, or no such run
         left = opts.budget_s - (time.perf_counter() - start)
         key = f"{system}-{case}"
-        if system == "llamafactory" and lf_problem:
-            results[key] = {"status": f"skipped: {lf_problem}"}
+        if problems.get(system):
+            results[key] = {"status": f"skipped: {problems[system]}"}
         elif left < opts.min_run_s:
             results[key] = {"status": f"skipped: {left:.0f} s of the budget left"}
         else:
-            results[key] = run_case(system, case, opts, assets, min(opts.run_cap_s, left),
+            results[key] = run_case(system, case, opts, assets, run_cap(system, opts, left),
                                     device.type == "cpu")
         print(f"[e2e] {key}: {json.dumps(results[key], default=str)[:300]}", flush=True)
     meta = {"shape": shape, "device": torch.cuda.get_device_name(0) if device.type == "cuda"
             else "cpu", "runs": results, "wall_s": time.perf_counter() - start,
-            "steps": {"tunesmith": opts.steps, "llamafactory": opts.lf_steps},
+            "steps": {"tunesmith": opts.steps, "llamafactory": opts.lf_steps,
+                      "unsloth": opts.uns_steps},
+            "unsloth_site_lacks": problems.get("unsloth_site_lacks"),
             "time_to_first_step_s": {
                 "first": results.get("tunesmith-natural", {}).get("time_to_first_step_s"),
                 "second_cached": results.get("tunesmith-cached", {}).get("time_to_first_step_s")}}
-    table = ratios(results)
+    table = ratios(results, CASES)
     write_report(Path(opts.out), table, meta)
     return {"meta": meta, "cases": table}
+
+
+def install_peers(opts: Any, runs: Path) -> dict[str, Any]:
+    """Install the asked-for peers from their wheels; system -> why its runs are skipped."""
+    problems: dict[str, Any] = {}
+    if "llamafactory" in opts.systems and not opts.lf_python:
+        problems["llamafactory"] = install_llamafactory(Path(opts.wheels), Path(opts.lf_site),
+                                                        runs / "lf-install.log")
+    if "unsloth" in opts.systems:
+        site = Path(opts.uns_site)
+        problems["unsloth"] = install_unsloth(Path(opts.uns_wheels), site,
+                                              runs / "unsloth-install.log")
+        # bitsandbytes and torchao come from an earlier call: noted, the run still tries
+        problems["unsloth_site_lacks"] = missing_companions(site) or None
+    return problems
+
+
+def run_cap(system: str, opts: Any, left: float) -> float:
+    """Seconds one run may take: its system's cap (Unsloth's import and load take longer),
+    at most what is left of the budget."""
+    return min(opts.uns_run_cap_s if system == "unsloth" else opts.run_cap_s, left)
 
 
 def run_case(system: str, case: str, opts: Any, assets: Any, cap: float, cpu: bool
              ) -> dict[str, Any]:
     runs = Path(opts.work) / "runs"
-    steps = opts.steps if system == "tunesmith" else opts.lf_steps
+    steps = {"tunesmith": opts.steps, "unsloth": opts.uns_steps}.get(system, opts.lf_steps)
     path, out = case_yaml(system, case, assets, steps, runs, cpu)
+    if system == "unsloth":
+        return run_unsloth_case(case, path, assets, opts, cap)
     if system == "tunesmith":
         return run_tunesmith(path, out, cap, ts_env(Path(opts.work)))
     from transformers import AutoTokenizer
@@ -274,6 +266,27 @@ def run_case(system: str, case: str, opts: Any, assets: Any, cap: float, cpu: bo
     pad_id = AutoTokenizer.from_pretrained(assets.model_dir).pad_token_id
     return run_llamafactory(path, out, cap, lf_env(opts), pad_id,
                             opts.lf_python or sys.executable)
+
+
+def run_unsloth_case(case: str, yaml_path: Path, assets: Any, opts: Any, cap: float
+                     ) -> dict[str, Any]:
+    """Unsloth on the samples tunesmith's pipeline makes for the case's YAML."""
+    runs = yaml_path.parent
+    rows = runs / f"unsloth-{case}.rows.npz"
+    data = export_rows(yaml_path, rows, opts.uns_steps)
+    gc = CASES[case]["unsloth"]["gradient_checkpointing"]
+    spec = runner_spec(assets.model_dir, rows, runs / f"unsloth-{case}.result.json", data, gc)
+    return run_unsloth(spec, runs / f"unsloth-{case}.log", cap, Path(opts.uns_site))
+
+
+def add_unsloth_options(ap: Any) -> None:
+    ap.add_argument("--uns-site", default="/tmp/site_uns",
+                    help="Unsloth's --target folder (bitsandbytes, torchao put there earlier)")
+    ap.add_argument("--uns-wheels", default=".carry/uns",
+                    help="Unsloth 2026.10.9 and what the device lacks, as wheels")
+    ap.add_argument("--uns-steps", type=int, default=30, help="Unsloth steps per run")
+    ap.add_argument("--uns-run-cap-s", type=float, default=200.0,
+                    help="one Unsloth run, seconds (its import and load take longer)")
 
 
 def parse_args(argv: list[str]) -> Any:
@@ -292,7 +305,9 @@ def parse_args(argv: list[str]) -> Any:
                     help="an interpreter with LLaMA-Factory installed (instead of the wheels)")
     ap.add_argument("--cases", default=",".join(CASES),
                     help=f"comma-separated, from {', '.join(CASES)}")
-    ap.add_argument("--systems", default="tunesmith,llamafactory")
+    ap.add_argument("--systems", default="tunesmith,llamafactory",
+                    help=f"comma-separated, from {', '.join(SYSTEMS)}")
+    add_unsloth_options(ap)
     ap.add_argument("--samples", type=int, default=2000)
     ap.add_argument("--steps", type=int, default=30, help="tunesmith steps per run")
     ap.add_argument("--lf-steps", type=int, default=20, help="LLaMA-Factory steps per run")
@@ -303,12 +318,14 @@ def parse_args(argv: list[str]) -> Any:
     opts = ap.parse_args(argv)
     opts.cases = [c for c in opts.cases.split(",") if c]
     opts.systems = [s for s in opts.systems.split(",") if s]
-    unknown = [c for c in opts.cases if c not in CASES]
-    if unknown:
-        ap.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}")
-    if opts.tiny and not opts.lf_python:
-        opts.systems = [s for s in opts.systems if s == "tunesmith"]
+    for name, given, known in (("case", opts.cases, CASES), ("system", opts.systems, SYSTEMS)):
+        unknown = [g for g in given if g not in known]
+        if unknown:
+            ap.error(f"unknown {name}(s) {unknown}; choose from {', '.join(known)}")
+    if opts.tiny:  # LLaMA-Factory only with --lf-python; Unsloth only when named
+        opts.systems = [s for s in opts.systems if s != "llamafactory" or opts.lf_python]
         opts.samples, opts.steps = min(opts.samples, 64), min(opts.steps, 4)
+        opts.uns_steps = min(opts.uns_steps, 4)
     return opts
 
 
