@@ -38,29 +38,36 @@ def long_model_dir(tmp_path_factory):
     return save_tiny_model(tmp_path_factory.mktemp("tiny-long"), "qwen2", max_positions=L)
 
 
+def run_long_row(tmp_path, model_dir, length: int, **keys) -> tuple[dict, LargestTensor]:
+    """`tunesmith train` on one row cut to `length` tokens, offloaded checkpointing, LoRA;
+    returns the run summary and what the dispatch mode saw."""
+    words = "the quick brown fox jumps over the lazy dog".split()
+    answer = " ".join(words[i % len(words)] for i in range(length + 200))
+    data = tmp_path / "long.json"
+    data.write_text(json.dumps([{"instruction": "Repeat.", "input": "", "output": answer}]))
+    cfg = {"model_name_or_path": str(model_dir), "dataset": str(data), "template": "qwen",
+           "cutoff_len": length, "gradient_checkpointing": "offload",
+           "finetuning_type": "lora", "lora_target": "all", "max_steps": 1,
+           "per_device_train_batch_size": 1, "output_dir": str(tmp_path / "out"),
+           "save_steps": 0, "plot_loss": False, "logging_steps": 1, **keys}
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    with LargestTensor() as seen:
+        assert main(["train", str(path)]) == 0
+    summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
+    assert summary["data"]["total_tokens"] == length  # the one row, cut to cutoff_len
+    assert summary["speed"]["offloaded_mb"] > 0
+    return summary, seen
+
+
 @pytest.mark.parametrize("attention,packing", [
     ("sdpa", True),     # packed row of one sample: was a [1, 1, L, L] block-diagonal mask
     ("varlen", True),   # the varlen reference twin: was [H, L, L] scores (3-D SDPA, math)
     ("sdpa", False),    # the plain row: SDPA's causal path
 ])
 def test_long_row_has_no_l_by_l_tensor(tmp_path, long_model_dir, attention, packing):
-    words = "the quick brown fox jumps over the lazy dog".split()
-    answer = " ".join(words[i % len(words)] for i in range(L + 200))  # cut to L tokens
-    data = tmp_path / "long.json"
-    data.write_text(json.dumps([{"instruction": "Repeat.", "input": "", "output": answer}]))
-    cfg = {"model_name_or_path": str(long_model_dir), "dataset": str(data),
-           "template": "qwen", "cutoff_len": L, "packing": packing,
-           "attn_implementation": attention, "gradient_checkpointing": "offload",
-           "finetuning_type": "lora", "lora_target": "all", "max_steps": 1,
-           "per_device_train_batch_size": 1, "output_dir": str(tmp_path / "out"),
-           "save_steps": 0, "plot_loss": False, "logging_steps": 1}
-    path = tmp_path / "train.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    with LargestTensor() as seen:
-        assert main(["train", str(path)]) == 0
-    summary = json.loads((tmp_path / "out" / "run_summary.json").read_text())
-    assert summary["data"]["total_tokens"] == L  # the one row, cut to cutoff_len
-    assert summary["speed"]["offloaded_mb"] > 0
+    _, seen = run_long_row(tmp_path, long_model_dir, L, attn_implementation=attention,
+                           packing=packing)
     # the largest legitimate tensors are [L, vocab] / [L, intermediate] (vocab ~400 here)
     assert seen.numel < L * L // 4, seen.where
 
