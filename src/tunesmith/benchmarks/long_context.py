@@ -37,6 +37,7 @@ from tunesmith.benchmarks.long_context_estimate import (
     shape_dims,
 )
 from tunesmith.benchmarks.workloads import SHAPES
+from tunesmith.errors import DataError
 
 DEFAULT_LENGTHS = "32768,65536,131072"
 TINY_LENGTHS = "512,1024"
@@ -65,7 +66,9 @@ def single_token_words(tokenizer: Any, limit: int = 2000) -> list[str]:
     ids = tokenizer([" " + w for w in candidates[:4 * limit]], add_special_tokens=False)
     words = [w for w, i in zip(candidates, ids["input_ids"], strict=False) if len(i) == 1]
     if len(words) < 100:
-        raise RuntimeError(f"the benchmark tokenizer has only {len(words)} one-token words")
+        raise DataError(f"the benchmark tokenizer has only {len(words)} words that are one "
+                        "token after a space (100 needed to build rows of exact length); "
+                        "it must be the byte-level BPE of benchmarks/e2e_assets.py")
     return words[:limit]
 
 
@@ -94,8 +97,9 @@ def template_overhead(work: Path, model_dir: Path, words: list[str], env: dict[s
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     found = re.search(r"^\s*length_max\s+(\d+)\s*$", proc.stdout, re.MULTILINE)
     if proc.returncode or not found:
-        raise RuntimeError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}): "
-                           f"{(proc.stderr or proc.stdout)[-2000:]}")
+        raise DataError(f"measuring the template overhead: `{' '.join(cmd)}` failed (exit "
+                        f"{proc.returncode}) or printed no length_max: "
+                        f"{(proc.stderr or proc.stdout)[-2000:]}")
     return int(found.group(1)) - PROBE_WORDS
 
 
@@ -242,7 +246,9 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
              f"{m['host_ram_gb']} GB host RAM; LoRA r16/alpha32 on all projections, "
              "micro-batch 1, gradient_checkpointing: offload, chunked loss; "
              f"{meta['steps']} steps per length (warm-up left out); extra keys: "
-             f"{meta['extra_keys'] or 'none'}; wall {meta['wall_s']:.0f} s.", ""]
+             f"{meta['extra_keys'] or 'none'}; wall {meta['wall_s']:.0f} s"
+             + ("; peak memory on a CPU is the process RSS." if m["device"] == "cpu" else "."),
+             ""]
     lines += [*result_lines(runs), "", *estimate_section(meta["estimates"]), ""]
     (out / "long_context.md").write_text("\n".join(lines))
     print("\n".join(lines))
