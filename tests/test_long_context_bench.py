@@ -78,5 +78,6 @@ def test_tiny_benchmark_through_tunesmith_train(tmp_path):
     assert run["checkpointing"] == "offload" and run["offloaded_gb_per_step"] > 0
     assert run["tokens_per_s"] > 0 and run["steady_steps"] == 1
     assert run["yaml"]["cutoff_len"] == 512 and run["yaml"]["per_device_train_batch_size"] == 1
+    assert "steady" in (out / "long_context-512.log").read_text()  # the run's log, kept
     md = (out / "long_context.md").read_text()
     assert "| 512 |" in md and "Paper estimate" in md

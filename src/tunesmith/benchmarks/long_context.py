@@ -189,7 +189,9 @@ def run_length(length: int, opts: Any, model_dir: Path, words: list[str], overhe
     keys = {**train_keys(model_dir, data, length, opts.steps, out, opts.tiny), **opts.set}
     path = work / f"run-{length}.yaml"
     path.write_text(yaml.safe_dump(keys, sort_keys=False))
-    status, message = train_once(path, work / f"run-{length}.log", env, cap_s)
+    log = work / f"run-{length}.log"
+    status, message = train_once(path, log, env, cap_s)
+    keep_log_tail(log, Path(opts.out) / f"long_context-{length}.log")
     rec: dict[str, Any] = {"length": length, "status": status, "message": message,
                            "yaml": keys}
     if status == "ok":
@@ -199,6 +201,14 @@ def run_length(length: int, opts: Any, model_dir: Path, words: list[str], overhe
             rec["status"] = f"bad rows: {rec['sample_check']}"
     rec["wall_s"] = time.perf_counter() - started
     return rec
+
+
+def keep_log_tail(log: Path, dest: Path, lines: int = 300) -> None:
+    """The last lines of a run's log beside the report (the work folder stays behind on
+    the machine that ran it)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    text = log.read_text(errors="replace").splitlines()[-lines:] if log.is_file() else []
+    dest.write_text("\n".join(text) + "\n")
 
 
 def escalate(lengths: list[int], run_one: Callable[[int, float], dict[str, Any]],
