@@ -47,12 +47,12 @@ def build_tokenizer(vocab_size: int = 384):
 
 
 def build_model(arch: str = "llama", vocab_size: int = 384, seed: int = 0,
-                hidden: int = 64, layers: int = 2, tie: bool = False):
+                hidden: int = 64, layers: int = 2, tie: bool = False, max_positions: int = 512):
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     common = dict(vocab_size=vocab_size, hidden_size=hidden, intermediate_size=hidden * 2,
                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=512, tie_word_embeddings=tie, bos_token_id=1,
+                  max_position_embeddings=max_positions, tie_word_embeddings=tie, bos_token_id=1,
                   eos_token_id=2, pad_token_id=0)
     cfg = LlamaConfig(**common) if arch == "llama" else Qwen2Config(**common)
     torch.manual_seed(seed)

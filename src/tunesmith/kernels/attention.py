@@ -99,18 +99,23 @@ def varlen_attention_masked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def varlen_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                                cu_seqlens: torch.Tensor, scaling: float | None) -> torch.Tensor:
-    """Causal SDPA per segment. q: [N, H, D]; k, v: [N, Hkv, D] -> [N, H, D]."""
+    """Causal SDPA per segment. q: [N, H, D]; k, v: [N, Hkv, D] -> [N, H, D].
+
+    Each segment goes in as a batch of one ([1, H, L, D]): SDPA's fused kernels (the CPU
+    flash kernel among them) take only 4-D inputs, and the 3-D form fell back to the math
+    path, which materialises [H, L, L] scores (28 x 8,192^2 fp32 = 7.5 GB for one
+    8,192-token row of a 7B-shaped layer)."""
     out = torch.empty_like(q)
     groups = q.shape[1] // k.shape[1]
     bounds = cu_seqlens.tolist()
     for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
         if hi <= lo:
             continue
-        qs = q[lo:hi].transpose(0, 1)  # [H, L, D]
-        ks = k[lo:hi].transpose(0, 1).repeat_interleave(groups, dim=0)
-        vs = v[lo:hi].transpose(0, 1).repeat_interleave(groups, dim=0)
+        qs = q[lo:hi].transpose(0, 1)[None]  # [1, H, L, D]
+        ks = k[lo:hi].transpose(0, 1).repeat_interleave(groups, dim=0)[None]
+        vs = v[lo:hi].transpose(0, 1).repeat_interleave(groups, dim=0)[None]
         o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scaling)
-        out[lo:hi] = o.transpose(0, 1)
+        out[lo:hi] = o[0].transpose(0, 1)
     return out
 
 

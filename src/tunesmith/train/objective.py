@@ -45,11 +45,20 @@ def trunk_inputs(batch: Batch, trunk: torch.nn.Module | None = None) -> dict:
     inputs = {"position_ids": batch.position_ids, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu,
               "max_length_q": batch.max_seqlen, "max_length_k": batch.max_seqlen}
     impl = getattr(getattr(trunk, "config", None), "_attn_implementation", "sdpa")
-    if impl != VARLEN_ATTENTION and batch.segment_ids is not None:
+    if impl != VARLEN_ATTENTION and batch.segment_ids is not None \
+            and not one_sample_per_row(batch):
         dtype = next(trunk.parameters()).dtype if trunk is not None else torch.float32
         inputs["attention_mask"] = packed_attention_mask(
             batch.segment_ids, dtype if impl == "eager" else None)
     return with_vision(inputs, batch)
+
+
+def one_sample_per_row(batch: Batch) -> bool:
+    """Every packed row holds exactly one sample and no padding (one long sample per row):
+    plain causal attention is then exact, so no [B, 1, T, T] mask is built (at 131,072
+    tokens that mask alone is 17 GB). Padding forms a segment of its own, so the count of
+    segments equals the count of rows only in that case (shapes only: no device sync)."""
+    return batch.cu_seqlens.numel() - 1 == batch.input_ids.shape[0]
 
 
 VISION_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
