@@ -70,27 +70,63 @@ def main(argv=None) -> int:
     opts.compile = opts.compile and cuda
     system, vocab = build_system(opts, device)
     rows, length = (4, 2048) if cuda else (2, 64)
-    samples = make_samples([length] * rows * (opts.warmup + opts.steps), vocab, seed=0)
+    samples = make_samples([length] * rows * (opts.warmup + 2 * opts.steps), vocab, seed=0)
     batches = [b.to(device) for b in padded_batches(samples, rows, pad_id=0)]
     for b in batches[:opts.warmup]:
         system.step(b)
     if cuda:
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for b in batches[opts.warmup + opts.steps:]:  # timed without the profiler
+        system.step(b)
+    if cuda:
+        torch.cuda.synchronize()
+    plain_s = time.perf_counter() - start
     activities = [torch.profiler.ProfilerActivity.CPU] + (
         [torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     start = time.perf_counter()
     with torch.profiler.profile(activities=activities) as prof:
-        for b in batches[opts.warmup:]:
+        for b in batches[opts.warmup:opts.warmup + opts.steps]:
             system.step(b)
         if cuda:
             torch.cuda.synchronize()
     wall = time.perf_counter() - start
-    report(opts, prof, wall, rows * length * opts.steps, cuda)
+    report(opts, prof, wall, rows * length * opts.steps, cuda, plain_s)
     return 0
 
 
-def report(opts, prof, wall: float, tokens: int, cuda: bool) -> None:
+def idle_gaps(prof, min_us: float = 200.0) -> dict:
+    """GPU idle time between kernels, and the CPU ops running when the longest gaps began
+    (innermost and outermost), to see what the device waits for."""
+    dev = torch.autograd.DeviceType.CUDA
+    spans = sorted((e.time_range.start, e.time_range.end) for e in prof.events()
+                   if e.device_type == dev)
+    if not spans:
+        return {"idle_us": None, "gaps": []}
+    merged = [list(spans[0])]
+    for lo, hi in spans[1:]:
+        if lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    gaps = [(b[0] - a[1], a[1]) for a, b in zip(merged, merged[1:], strict=False)]
+    cpu = [e for e in prof.events() if e.device_type != dev]
+    top = []
+    for length, at in sorted(gaps, reverse=True)[:15]:
+        if length < min_us:
+            break
+        live = sorted((e.time_range.end - e.time_range.start, e.name) for e in cpu
+                      if e.time_range.start <= at <= e.time_range.end)
+        top.append({"us": round(length), "inner": [n for _, n in live[:3]],
+                    "outer": [n for _, n in live[-2:]]})
+    return {"busy_us": sum(hi - lo for lo, hi in merged),
+            "span_us": merged[-1][1] - merged[0][0],
+            "idle_us": sum(g for g, _ in gaps), "idle_gaps_over_200us": sum(
+                g for g, _ in gaps if g >= min_us), "gaps": top}
+
+
+def report(opts, prof, wall: float, tokens: int, cuda: bool, plain_s: float) -> None:
     events = [e for e in prof.key_averages()
               if (e.device_time_total if cuda else e.self_cpu_time_total) > 0]
     key = "device_time_total" if cuda else "self_cpu_time_total"
@@ -109,19 +145,28 @@ def report(opts, prof, wall: float, tokens: int, cuda: bool) -> None:
     result = {"settings": {k: v for k, v in vars(opts).items() if k not in ("out", "work")},
               "device": torch.cuda.get_device_name(0) if cuda else "cpu",
               "profiled_steps": opts.steps, "wall_s": wall,
-              "tokens_per_s_profiled": tokens / wall,
+              "tokens_per_s_profiled": tokens / wall, "tokens_per_s": tokens / plain_s,
               "peak_alloc_gb": torch.cuda.max_memory_allocated() / 1e9 if cuda else None,
               "share": {k: v / total for k, v in sorted(per_family.items())},
-              "top": [{"us": us, "calls": n, "kernel": name} for us, n, name in kernels[:40]]}
+              "top": [{"us": us, "calls": n, "kernel": name} for us, n, name in kernels[:40]],
+              "idle": idle_gaps(prof) if cuda else None}
     (out / "profile.json").write_text(json.dumps(result, indent=1))
     lines = [f"# Step profile ({result['device']})", "", f"settings: {result['settings']}",
-             f"tokens/s under the profiler: {result['tokens_per_s_profiled']:,.0f}; peak "
+             f"tokens/s {result['tokens_per_s']:,.0f} (under the profiler: "
+             f"{result['tokens_per_s_profiled']:,.0f}); peak "
              f"allocated {result['peak_alloc_gb']} GB", "", "| family | share |", "|---|---:|"]
     lines += [f"| {k} | {v:.1%} |" for k, v in result["share"].items()]
     lines += ["", "| kernel | calls | ms |", "|---|---:|---:|"]
     lines += [f"| `{name}` | {n} | {us / 1e3:.1f} |" for us, n, name in kernels[:40]]
+    if result["idle"]:
+        idle = result["idle"]
+        lines += ["", f"GPU busy {idle['busy_us'] / 1e3:.0f} ms of {idle['span_us'] / 1e3:.0f} ms; "
+                  f"idle {idle['idle_us'] / 1e3:.0f} ms ({idle['idle_gaps_over_200us'] / 1e3:.0f} "
+                  "ms in gaps over 0.2 ms). Longest gaps:", ""]
+        lines += [f"- {g['us'] / 1e3:.1f} ms: inner {g['inner']}, outer {g['outer']}"
+                  for g in idle["gaps"]]
     (out / "profile.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[:12 + len(result["share"])]))
+    print("\n".join(lines[:12 + len(result["share"])] + lines[-17:]))
 
 
 if __name__ == "__main__":

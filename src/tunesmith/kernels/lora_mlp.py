@@ -64,25 +64,23 @@ def compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
 
 def _lora_forward(x: torch.Tensor, p: LoraParts, dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x W^T + bias + s (x A^T) B^T, x A^T) for x [N, in]."""
+    """(x W^T + bias + s (x A^T) B^T, x A^T) for x [N, in]. Out of place throughout: compiled,
+    the adapter's add fuses into the element-wise kernel that reads the sum (an addmm into the
+    base product costs a device copy), and selective checkpointing refuses mutated matmul
+    outputs."""
     xa = x @ p.a.to(dtype).t()  # [N, r]
     bias = p.bias.to(dtype) if p.bias is not None else None
-    y = F.linear(x, p.weight.to(dtype), bias)
-    # out of place: selective checkpointing caches matmul outputs and refuses mutated ones
-    return torch.addmm(y, xa, p.b.to(dtype).t(), alpha=p.scale), xa
+    return F.linear(x, p.weight.to(dtype), bias) + (xa @ p.b.to(dtype).t()) * p.scale, xa
 
 
 def _lora_backward(dy: torch.Tensor, x: torch.Tensor, xa: torch.Tensor, p: LoraParts,
                    need_dx: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """(dx, dA, dB) of one LoRA linear for upstream dy [N, out]."""
     dtype = dy.dtype
-    b = p.b.to(dtype)
-    dxa = (dy @ b).mul_(p.scale)  # [N, r]
-    grad_b = (dy.t() @ xa).mul_(p.scale)  # [out, r]
+    dxa = (dy @ p.b.to(dtype)) * p.scale  # [N, r]
+    grad_b = (dy.t() @ xa) * p.scale  # [out, r]
     grad_a = dxa.t() @ x  # [r, in]
-    dx = None
-    if need_dx:
-        dx = (dy @ p.weight.to(dtype)).addmm_(dxa, p.a.to(dtype))
+    dx = dy @ p.weight.to(dtype) + dxa @ p.a.to(dtype) if need_dx else None
     return dx, grad_a.to(p.a.dtype), grad_b.to(p.b.dtype)
 
 
@@ -111,21 +109,17 @@ class _LoraSwiGLU(torch.autograd.Function):
         dy = dy.to(x.dtype)
         sig = torch.sigmoid(gate)
         silu = gate * sig
-        h = silu * up  # recomputed instead of kept
+        # h = silu(gate) * up, recomputed instead of kept
         dh, grad_down_a, grad_down_b = _lora_backward(
-            dy, h, ha, LoraParts(down_w, None, down_a, down_b, s_down), True)
-        del h
+            dy, silu * up, ha, LoraParts(down_w, None, down_a, down_b, s_down), True)
         d_up = dh * silu
-        del silu
-        # d silu(g)/dg = sig * (1 + g * (1 - sig))
-        d_gate = dh.mul_(up).mul_((1 - sig).mul_(gate).add_(1).mul_(sig))
-        del sig
+        d_gate = dh * up * sig * (1 + gate * (1 - sig))  # d silu(g)/dg = sig (1 + g (1 - sig))
         need_dx = ctx.needs_input_grad[0]
         dx_gate, grad_gate_a, grad_gate_b = _lora_backward(
             d_gate, x, xa_gate, LoraParts(gate_w, None, gate_a, gate_b, s_gate), need_dx)
         dx_up, grad_up_a, grad_up_b = _lora_backward(
             d_up, x, xa_up, LoraParts(up_w, None, up_a, up_b, s_up), need_dx)
-        dx = dx_gate.add_(dx_up) if need_dx else None
+        dx = dx_gate + dx_up if need_dx else None
         return (dx, None, None, grad_gate_a, grad_gate_b, None, None, grad_up_a, grad_up_b,
                 None, None, grad_down_a, grad_down_b, None, None)
 
