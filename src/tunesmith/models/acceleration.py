@@ -87,27 +87,45 @@ OFFLOAD_COUNTS: Counter[str] = Counter()
 class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
     """Tensors saved for backward go to (pinned) CPU memory and come back for backward,
     like torch's `save_on_cpu`; `packed` / `unpacked` count them, so a test can see the
-    hooks ran."""
+    hooks ran.
+
+    On a GPU the copy out runs on a side stream without blocking the host (the tensor's
+    memory is held until the copy ends: record_stream), and the copy back waits for it on the
+    device (an event), not on the host: the forward pass never stops for a copy."""
 
     def __init__(self, pin_memory: bool):
-        self.packed = self.unpacked = 0
+        self.packed = self.unpacked = self.async_copies = 0
         self.pin_memory = pin_memory
+        self._side: torch.cuda.Stream | None = None
         super().__init__(partial(self._pack, pin_memory), self._unpack)
 
-    def _pack(self, pin_memory: bool, tensor: torch.Tensor) -> tuple[torch.device, torch.Tensor]:
+    def _pack(self, pin_memory: bool, tensor: torch.Tensor) -> tuple:
         self.packed += 1
         if not torch.compiler.is_compiling():  # the run summary's offloaded_mb
             OFFLOAD_COUNTS["bytes"] += tensor.numel() * tensor.element_size()
         if tensor.device.type == "cpu":
-            return tensor.device, tensor
+            return tensor.device, tensor, None
         host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
                            pin_memory=pin_memory)
-        host.copy_(tensor)
-        return tensor.device, host
+        if not (pin_memory and tensor.is_cuda) or torch.compiler.is_compiling():
+            host.copy_(tensor)
+            return tensor.device, host, None
+        if self._side is None:
+            self._side = torch.cuda.Stream(tensor.device)
+        self._side.wait_stream(torch.cuda.current_stream(tensor.device))
+        with torch.cuda.stream(self._side):
+            host.copy_(tensor, non_blocking=True)
+        tensor.record_stream(self._side)  # its memory is not reused before the copy ends
+        done = torch.cuda.Event()
+        done.record(self._side)
+        self.async_copies += 1
+        return tensor.device, host, done
 
-    def _unpack(self, packed: tuple[torch.device, torch.Tensor]) -> torch.Tensor:
+    def _unpack(self, packed: tuple) -> torch.Tensor:
         self.unpacked += 1
-        device, tensor = packed
+        device, tensor, done = packed
+        if done is not None:
+            torch.cuda.current_stream(device).wait_event(done)
         return tensor.to(device, non_blocking=self.pin_memory)
 
 
