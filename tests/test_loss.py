@@ -42,3 +42,30 @@ def test_empty_rows_give_zero_loss_and_gradients():
     loss.backward()
     assert loss.item() == 0.0
     assert torch.count_nonzero(weight.grad) == 0
+
+
+def test_compiled_chunks_fall_back_to_the_eager_twin(monkeypatch, caplog):
+    from tunesmith.kernels import linear_ce
+
+    calls = []
+
+    def broken(logits, targets):
+        calls.append(logits.shape)
+        raise RuntimeError("no triton here")
+
+    monkeypatch.setitem(linear_ce._COMPILED, "fn", broken)
+    monkeypatch.setitem(linear_ce._COMPILED, "on", True)
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(20, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g)  # frozen head: the compiled path's case
+    targets = torch.randint(0, 50, (20,), generator=g)
+    out = chunked_linear_cross_entropy(hidden, weight, targets, 8)
+    out.backward()
+    assert calls  # the compiled function was tried first
+    assert not linear_ce.compiled_loss_on()
+    assert "the loss runs eagerly" in caplog.text
+    ref_hidden = hidden.detach().clone().requires_grad_()
+    ref = linear_cross_entropy_reference(ref_hidden, weight, targets)
+    ref.backward()
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(hidden.grad, ref_hidden.grad, rtol=1e-5, atol=1e-6)

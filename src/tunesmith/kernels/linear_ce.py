@@ -10,11 +10,62 @@ is the *sum* over rows; callers divide by the token count of the whole optimizer
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import torch
 
 from tunesmith.kernels.token_weights import TokenLoss, row_losses_reference, row_weights
 
 PLAIN = TokenLoss()
+log = logging.getLogger(__name__)
+
+# Plain chunks (no loss variant, output head frozen) can run their element-wise part as one
+# compiled kernel pair (a row reduction, then the gradient) instead of eight eager passes
+# over the [C, V] fp32 logits; apply_speed_settings turns it on where layers are compiled.
+_COMPILED: dict[str, Any] = {"on": False, "fn": None}
+
+
+def use_compiled_loss(on: bool) -> None:
+    _COMPILED["on"] = on
+
+
+def compiled_loss_on() -> bool:
+    """Whether plain loss chunks run compiled (off again after a compile failure)."""
+    return bool(_COMPILED["on"])
+
+
+def plain_chunk(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed cross-entropy, d loss / d logits in the logits' dtype) of one chunk: logits
+    [C, V] (any float dtype, computed in fp32), targets [C] (int64)."""
+    x = logits.float()
+    lse = torch.logsumexp(x, dim=-1)  # [C]
+    picked = x.gather(1, targets[:, None]).squeeze(1)
+    vocab = torch.arange(x.shape[1], device=x.device)
+    grad = torch.exp(x - lse[:, None]) - (vocab[None, :] == targets[:, None]).to(x.dtype)
+    return (lse - picked).sum(), grad.to(logits.dtype)
+
+
+def _plain_chunk_fn():
+    if not _COMPILED["on"]:
+        return plain_chunk
+    if _COMPILED["fn"] is None:
+        _COMPILED["fn"] = torch.compile(plain_chunk, dynamic=True)
+    return _COMPILED["fn"]
+
+
+def _run_plain_chunk(logits: torch.Tensor, targets: torch.Tensor
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    fn = _plain_chunk_fn()
+    if fn is plain_chunk:
+        return fn(logits, targets)
+    try:
+        return fn(logits, targets)
+    except Exception as exc:  # noqa: BLE001 - any compile failure: the eager twin is exact
+        log.warning("the compiled loss chunk failed (%s: %s); the loss runs eagerly",
+                    type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        _COMPILED["on"] = False
+        return plain_chunk(logits, targets)
 
 
 def linear_cross_entropy_reference(hidden: torch.Tensor, weight: torch.Tensor,
@@ -42,9 +93,15 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32,
                                   device=weight.device) if need_dw else None
         total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        fast = spec.plain and need_dh and not need_dw
         for start in range(0, n, chunk_size):
             h = hidden[start:start + chunk_size]  # [C, H]
             t = targets[start:start + chunk_size].long()  # [C]
+            if fast:  # the common case: LoRA / frozen head, plain cross-entropy
+                loss, g = _run_plain_chunk(h @ weight.t(), t)
+                total += loss
+                grad_hidden[start:start + chunk_size] = g.to(hidden.dtype) @ weight
+                continue
             logits = (h @ weight.t()).float()  # [C, V]
             lse = torch.logsumexp(logits, dim=-1)  # [C]
             eps = spec.smoothing

@@ -94,7 +94,7 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
     device (an event), not on the host: the forward pass never stops for a copy."""
 
     def __init__(self, pin_memory: bool):
-        self.packed = self.unpacked = self.async_copies = 0
+        self.packed = self.unpacked = self.async_copies = self.device_packed = 0
         self.pin_memory = pin_memory
         self._side: torch.cuda.Stream | None = None
         super().__init__(partial(self._pack, pin_memory), self._unpack)
@@ -105,6 +105,7 @@ class ActivationOffload(torch.autograd.graph.saved_tensors_hooks):
             OFFLOAD_COUNTS["bytes"] += tensor.numel() * tensor.element_size()
         if tensor.device.type == "cpu":
             return tensor.device, tensor, None
+        self.device_packed += 1
         host = torch.empty(tensor.size(), dtype=tensor.dtype, layout=tensor.layout,
                            pin_memory=pin_memory)
         if not (pin_memory and tensor.is_cuda) or torch.compiler.is_compiling():

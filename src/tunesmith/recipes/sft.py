@@ -33,6 +33,7 @@ from tunesmith.distributed.handoff import prepare_on_main
 from tunesmith.distributed.strategy import build_strategy, fsdp_settings
 from tunesmith.errors import ConfigError, TunesmithError
 from tunesmith.kernels.fused import liger_ops
+from tunesmith.kernels.linear_ce import use_compiled_loss
 from tunesmith.models.acceleration import (
     apply_fused_kernels,
     apply_fused_lora_mlp,
@@ -291,6 +292,8 @@ def apply_speed_settings(model: torch.nn.Module, cfg: Config,
     if plan.compile:
         check_compile_backend(plan.compile_backend)
         plan.stats.compiled_layers = compile_decoder_layers(model, plan.compile_backend)
+    use_compiled_loss(plan.compile and device.type == "cuda"
+                      and plan.compile_backend == "inductor")
     return plan
 
 

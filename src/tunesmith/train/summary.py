@@ -11,6 +11,7 @@ import torch
 from tunesmith.config.schema import Config
 from tunesmith.kernels.attention import VARLEN_CALLS
 from tunesmith.kernels.fused import LORA_MLP_CALLS
+from tunesmith.kernels.linear_ce import compiled_loss_on
 from tunesmith.models.acceleration import OFFLOAD_COUNTS
 from tunesmith.models.speed import SpeedPlan, compiled_graphs
 
@@ -34,6 +35,7 @@ def speed_report(plan: SpeedPlan, started: float, first_step_end: float | None,
     out["varlen_calls"] = dict(VARLEN_CALLS)
     out["offloaded_mb"] = OFFLOAD_COUNTS["bytes"] / 1e6
     out["fused_lora_mlp_calls"] = LORA_MLP_CALLS["eager"]
+    out["compiled_loss"] = compiled_loss_on()
     out["time_to_first_step_s"] = (first_step_end - started) if first_step_end else None
     return out
 
