@@ -101,6 +101,8 @@ def test_dpo_two_ranks_equal_one_process(runs, run):
 def test_kto_kl_is_averaged_over_ranks(runs):
     one, two = _metrics(runs / "kto-one"), _metrics(runs / "kto-two")
     assert max(r["kl"] for r in one) > 1e-4  # z is live (not clamped to 0) in these steps
-    assert [r["kl"] for r in two] == pytest.approx([r["kl"] for r in one], abs=1e-6)
-    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], abs=1e-6)
+    # fp32 rounding differs with the micro-batch shapes (a few 1e-6); a KL not averaged over
+    # ranks is off by a factor
+    assert [r["kl"] for r in two] == pytest.approx([r["kl"] for r in one], abs=1e-5)
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], abs=1e-5)
     assert _max_diff(runs / "kto-one" / ADAPTER, runs / "kto-two" / ADAPTER) < 1e-5
