@@ -18,7 +18,7 @@ commands:
   env                                                    versions and devices, for bug reports
   export CONFIG.yaml [key=value ...]                     merge adapters; write an HF folder or GGUF
   bench [--groups main,full,liger] [--out DIR] [--tiny]  GPU training benchmark vs HF+PEFT/Liger
-  bench --e2e [--out DIR] [--tiny] [--cases ...]        tunesmith train vs llamafactory-cli train
+  bench --e2e [--out DIR] [--tiny] [--systems ...]      tunesmith train vs LLaMA-Factory, Unsloth
   webui [--work_dir DIR] [--host H] [--port P] [--auth USER:PASSWORD] [--share]   the web UI
   data inspect CONFIG.yaml|DATASET [--model M] [--template T] [key=value ...]
                                                          counts, lengths, truncation, packing, a sample
