@@ -62,25 +62,42 @@ def compute_dtype(x: torch.Tensor, weight: torch.Tensor) -> torch.dtype:
     return weight.dtype
 
 
+def _plus(*terms: torch.Tensor, scales: tuple[float, ...] = ()) -> torch.Tensor:
+    """sum(scale_i * term_i) in the terms' dtype. Compiled, the sum runs in fp32 and rounds
+    once: inductor then fuses it into the element-wise kernel that reads it, where a bf16
+    `mm + x` would become an addmm whose x is first copied into the output (a device copy
+    per call). Eager, it stays out of place: selective checkpointing refuses mutated matmul
+    outputs."""
+    scales = scales or (1.0,) * len(terms)
+    if torch.compiler.is_compiling():
+        total = terms[0].float() * scales[0]
+        for t, s in zip(terms[1:], scales[1:], strict=True):
+            total = total + t.float() * s
+        return total.to(terms[0].dtype)
+    total = terms[0] * scales[0] if scales[0] != 1.0 else terms[0]
+    for t, s in zip(terms[1:], scales[1:], strict=True):
+        total = total + (t * s if s != 1.0 else t)
+    return total
+
+
 def _lora_forward(x: torch.Tensor, p: LoraParts, dtype: torch.dtype
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x W^T + bias + s (x A^T) B^T, x A^T) for x [N, in]. Out of place throughout: compiled,
-    the adapter's add fuses into the element-wise kernel that reads the sum (an addmm into the
-    base product costs a device copy), and selective checkpointing refuses mutated matmul
-    outputs."""
+    """(x W^T + bias + s (x A^T) B^T, x A^T) for x [N, in]."""
     xa = x @ p.a.to(dtype).t()  # [N, r]
     bias = p.bias.to(dtype) if p.bias is not None else None
-    return F.linear(x, p.weight.to(dtype), bias) + (xa @ p.b.to(dtype).t()) * p.scale, xa
+    return _plus(F.linear(x, p.weight.to(dtype), bias), xa @ p.b.to(dtype).t(),
+                 scales=(1.0, p.scale)), xa
 
 
 def _lora_backward(dy: torch.Tensor, x: torch.Tensor, xa: torch.Tensor, p: LoraParts,
-                   need_dx: bool) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """(dx, dA, dB) of one LoRA linear for upstream dy [N, out]."""
+                   need_dx: bool) -> tuple[tuple[torch.Tensor, ...], torch.Tensor, torch.Tensor]:
+    """((dx terms), dA, dB) of one LoRA linear for upstream dy [N, out]; the caller sums the
+    dx terms (with others, in one fused add when compiled)."""
     dtype = dy.dtype
     dxa = (dy @ p.b.to(dtype)) * p.scale  # [N, r]
     grad_b = (dy.t() @ xa) * p.scale  # [out, r]
     grad_a = dxa.t() @ x  # [r, in]
-    dx = dy @ p.weight.to(dtype) + dxa @ p.a.to(dtype) if need_dx else None
+    dx = (dy @ p.weight.to(dtype), dxa @ p.a.to(dtype)) if need_dx else ()
     return dx, grad_a.to(p.a.dtype), grad_b.to(p.b.dtype)
 
 
@@ -110,8 +127,9 @@ class _LoraSwiGLU(torch.autograd.Function):
         sig = torch.sigmoid(gate)
         silu = gate * sig
         # h = silu(gate) * up, recomputed instead of kept
-        dh, grad_down_a, grad_down_b = _lora_backward(
+        dh_terms, grad_down_a, grad_down_b = _lora_backward(
             dy, silu * up, ha, LoraParts(down_w, None, down_a, down_b, s_down), True)
+        dh = _plus(*dh_terms)
         d_up = dh * silu
         d_gate = dh * up * sig * (1 + gate * (1 - sig))  # d silu(g)/dg = sig (1 + g (1 - sig))
         need_dx = ctx.needs_input_grad[0]
@@ -119,7 +137,7 @@ class _LoraSwiGLU(torch.autograd.Function):
             d_gate, x, xa_gate, LoraParts(gate_w, None, gate_a, gate_b, s_gate), need_dx)
         dx_up, grad_up_a, grad_up_b = _lora_backward(
             d_up, x, xa_up, LoraParts(up_w, None, up_a, up_b, s_up), need_dx)
-        dx = dx_gate + dx_up if need_dx else None
+        dx = _plus(*dx_gate, *dx_up) if need_dx else None
         return (dx, None, None, grad_gate_a, grad_gate_b, None, None, grad_up_a, grad_up_b,
                 None, None, grad_down_a, grad_down_b, None, None)
 
