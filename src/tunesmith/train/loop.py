@@ -38,11 +38,11 @@ from tunesmith.distributed.sharding import Shard, shard_step, steps_in_plan
 from tunesmith.distributed.strategy import Strategy
 from tunesmith.errors import ConfigError, TrainingError
 from tunesmith.models.acceleration import activation_offload
-from tunesmith.runs.folder import latest_checkpoint
 from tunesmith.train.best import BestTracker
 from tunesmith.train.cadence import evaluation_due, final_evaluation_due
 from tunesmith.train.memory import MicroBatchSizer, out_of_memory_message
 from tunesmith.train.metrics import MetricsLog, objective_metrics
+from tunesmith.train.nonfinite import count_nonfinite
 from tunesmith.train.objective import Objective
 from tunesmith.train.optim import build_optimizer, build_scheduler
 from tunesmith.train.saving import resume_trainer, save_trainer
@@ -179,31 +179,8 @@ class Trainer:
             self.scheduler.step()
             self.state.nonfinite_run = 0
         else:
-            self._count_nonfinite(loss, norm)
+            count_nonfinite(self, loss, norm)
         return loss, norm
-
-    def _count_nonfinite(self, loss: float, norm: float) -> None:
-        s = self.state
-        s.nonfinite_total += 1
-        s.nonfinite_run += 1
-        if self.ctx.is_main:
-            self._report_nonfinite(loss, norm)
-        if s.nonfinite_run >= self.cfg.max_nonfinite_steps:
-            last = latest_checkpoint(self.output_dir)
-            keep = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
-            raise TrainingError(
-                f"{s.nonfinite_run} optimizer steps in a row had a non-finite loss or gradient "
-                f"(last at step {s.step + 1}); stopping. Likely causes: fp16 overflow (use bf16 "
-                "or a lower learning rate), a learning rate too high (lower learning_rate, add "
-                f"warmup), or corrupt data. {keep}; weights were never updated with NaN.")
-
-    def _report_nonfinite(self, loss: float, norm: float) -> None:
-        s = self.state
-        log.warning("step %d: non-finite loss %s / grad norm %s; optimizer step skipped "
-                    "(%d in a row, %d in all)", s.step + 1, loss, norm, s.nonfinite_run,
-                    s.nonfinite_total)
-        self._write_metrics({"step": s.step + 1, "skipped_nonfinite": True, "loss_raw": loss,
-                             "grad_norm_raw": norm})
 
     def _write_metrics(self, record: dict[str, Any]) -> None:
         if self.ctx.is_main and self.metrics is not None:
