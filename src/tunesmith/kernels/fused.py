@@ -101,6 +101,12 @@ FUSABLE: dict[str, tuple[str, str]] = {
 }
 
 
+def _children(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
+    """(parent, name, child) for every module below `model`, listed before any swap."""
+    return [(parent, name, child) for parent in list(model.modules())
+            for name, child in list(parent.named_children())]
+
+
 def swap_fused_modules(model: torch.nn.Module, use_liger: bool) -> int:
     """Replace RMSNorm and SwiGLU MLP modules in place; returns how many were swapped."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -109,16 +115,15 @@ def swap_fused_modules(model: torch.nn.Module, use_liger: bool) -> int:
         return 0
     norm_cls, mlp_cls = names
     swapped = 0
-    for parent in list(base.modules()):
-        for child_name, child in list(parent.named_children()):
-            kind = type(child).__name__
-            if kind == norm_cls:
-                eps = getattr(child, "variance_epsilon", getattr(child, "eps", 1e-6))
-                setattr(parent, child_name, FusedRMSNorm(child.weight, eps, use_liger))
-                swapped += 1
-            elif kind == mlp_cls and getattr(base.config, "hidden_act", "silu") == "silu":
-                setattr(parent, child_name, FusedSwiGLUMLP(child, use_liger))
-                swapped += 1
+    for parent, child_name, child in _children(base):
+        kind = type(child).__name__
+        if kind == norm_cls:
+            eps = getattr(child, "variance_epsilon", getattr(child, "eps", 1e-6))
+            setattr(parent, child_name, FusedRMSNorm(child.weight, eps, use_liger))
+            swapped += 1
+        elif kind == mlp_cls and getattr(base.config, "hidden_act", "silu") == "silu":
+            setattr(parent, child_name, FusedSwiGLUMLP(child, use_liger))
+            swapped += 1
     return swapped
 
 
@@ -130,18 +135,17 @@ def fuse_lora_mlps(model: torch.nn.Module) -> int:
     if names is None or getattr(base.config, "hidden_act", "silu") != "silu":
         return 0
     fused = 0
-    for parent in list(base.modules()):
-        for child_name, child in list(parent.named_children()):
-            if type(child).__name__ not in (names[1], "FusedSwiGLUMLP"):
-                continue
-            if any(lora_parts(getattr(child, p)) is None
-                   for p in ("gate_proj", "up_proj", "down_proj")):
-                continue
-            if not isinstance(child, FusedSwiGLUMLP):
-                child = FusedSwiGLUMLP(child, use_liger=False)
-                setattr(parent, child_name, child)
-            child.fuse_lora = True
-            fused += 1
+    for parent, child_name, child in _children(base):
+        if type(child).__name__ not in (names[1], "FusedSwiGLUMLP"):
+            continue
+        if any(lora_parts(getattr(child, p)) is None
+               for p in ("gate_proj", "up_proj", "down_proj")):
+            continue
+        if not isinstance(child, FusedSwiGLUMLP):
+            child = FusedSwiGLUMLP(child, use_liger=False)
+            setattr(parent, child_name, child)
+        child.fuse_lora = True
+        fused += 1
     return fused
 
 
@@ -149,12 +153,11 @@ def restore_mlps(model: torch.nn.Module) -> int:
     """Put the model's own MLP modules back in place of FusedSwiGLUMLP (with whatever
     projections they hold now); returns how many."""
     restored = 0
-    for parent in list(model.modules()):
-        for child_name, child in list(parent.named_children()):
-            if isinstance(child, FusedSwiGLUMLP):
-                original = child.original[0]
-                original.gate_proj, original.up_proj = child.gate_proj, child.up_proj
-                original.down_proj = child.down_proj
-                setattr(parent, child_name, original)
-                restored += 1
+    for parent, child_name, child in _children(model):
+        if isinstance(child, FusedSwiGLUMLP):
+            original = child.original[0]
+            original.gate_proj, original.up_proj = child.gate_proj, child.up_proj
+            original.down_proj = child.down_proj
+            setattr(parent, child_name, original)
+            restored += 1
     return restored

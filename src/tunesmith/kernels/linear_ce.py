@@ -46,21 +46,15 @@ def plain_chunk(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tens
     return (lse - picked).sum(), grad.to(logits.dtype)
 
 
-def _plain_chunk_fn():
-    if not _COMPILED["on"]:
-        return plain_chunk
-    if _COMPILED["fn"] is None:
-        _COMPILED["fn"] = torch.compile(plain_chunk, dynamic=True)
-    return _COMPILED["fn"]
-
-
 def _run_plain_chunk(logits: torch.Tensor, targets: torch.Tensor
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    fn = _plain_chunk_fn()
-    if fn is plain_chunk:
-        return fn(logits, targets)
+    """plain_chunk, compiled when turned on; a compile failure turns it off (one warning)."""
+    if not _COMPILED["on"]:
+        return plain_chunk(logits, targets)
+    if _COMPILED["fn"] is None:
+        _COMPILED["fn"] = torch.compile(plain_chunk, dynamic=True)
     try:
-        return fn(logits, targets)
+        return _COMPILED["fn"](logits, targets)
     except Exception as exc:  # noqa: BLE001 - any compile failure: the eager twin is exact
         log.warning("the compiled loss chunk failed (%s: %s); the loss runs eagerly",
                     type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
