@@ -38,15 +38,18 @@ def _grads(model, ids) -> tuple[float, dict[str, torch.Tensor]]:
                          if p.requires_grad}
 
 
-def test_fused_matches_peft_loss_and_every_adapter_gradient():
+@pytest.mark.parametrize("pack", [True, False])
+def test_fused_matches_peft_loss_and_every_adapter_gradient(pack):
     ref = _lora_model()
     fused = copy.deepcopy(ref)
-    assert fuse_lora_mlps(fused) == 2
+    assert fuse_lora_mlps(fused, pack=pack) == 2
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
     LORA_MLP_CALLS.clear()
     loss_ref, grads_ref = _grads(ref, ids)
     loss_fused, grads_fused = _grads(fused, ids)
-    assert LORA_MLP_CALLS["eager"] == 2  # the fused path ran in both layers
+    # the fused path ran in both layers, packed (gate|up one GEMM) or not
+    assert LORA_MLP_CALLS["packed" if pack else "eager"] == 2
+    assert LORA_MLP_CALLS["eager" if pack else "packed"] == 0
     assert loss_fused == pytest.approx(loss_ref, rel=1e-6)
     assert grads_ref.keys() == grads_fused.keys()
     for name, g in grads_ref.items():
@@ -71,10 +74,12 @@ def _saved_bytes(mlp: torch.nn.Module, x: torch.Tensor) -> int:
     return sum(seen.values())
 
 
-def test_backward_keeps_inputs_gate_and_up_only():
+@pytest.mark.parametrize("pack", [True, False])
+def test_backward_keeps_inputs_gate_and_up_only(pack):
     model = _lora_model()
     mlp = model.get_base_model().model.layers[0].mlp
     fused = FusedSwiGLUMLP(copy.deepcopy(mlp), use_liger=False, fuse_lora=True)
+    assert fused.pack() if pack else fused.packed_gate_up is None
     x = torch.randn(3, 16, HIDDEN, requires_grad=True)
     tokens, f32 = 3 * 16, 4
     kept = _saved_bytes(fused, x)
@@ -158,3 +163,76 @@ def test_restore_puts_the_models_own_mlps_back():
     assert all(type(layer.mlp).__name__ == "Qwen2MLP" for layer in layers)
     assert lora_parts(layers[0].mlp.gate_proj) is not None  # the LoRA layers moved back too
     torch.testing.assert_close(model(input_ids=ids).logits, before)
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def test_packed_gate_and_up_weights_are_views_of_one_buffer():
+    model = _lora_model()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    assert fuse_lora_mlps(model) == 2
+    for layer in model.get_base_model().model.layers:
+        mlp = layer.mlp
+        packed = mlp.packed_gate_up
+        gate_w, up_w = mlp.gate_proj.base_layer.weight, mlp.up_proj.base_layer.weight
+        # no second copy: both base weights live in the packed buffer
+        assert _storage(gate_w) == _storage(up_w) == _storage(packed)
+        assert packed.shape == (2 * INTER, HIDDEN + 2 * RANK)
+        torch.testing.assert_close(packed[:INTER, HIDDEN:HIDDEN + RANK],
+                                   mlp.gate_proj.lora_B["default"].weight.detach())
+        assert not packed[:INTER, HIDDEN + RANK:].any()  # the off-diagonal blocks stay zero
+    after = dict(model.named_parameters())
+    assert after.keys() == before.keys()  # same parameters, same values
+    for name, value in before.items():
+        torch.testing.assert_close(after[name].detach(), value, rtol=0, atol=0, msg=name)
+    assert "packed_gate_up" not in " ".join(model.state_dict())
+
+
+def test_packed_path_follows_the_adapters_after_an_optimizer_step():
+    ref = _lora_model()
+    fused = copy.deepcopy(ref)
+    fuse_lora_mlps(fused)
+    ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(2))
+    for model in (ref, fused):
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+        for _ in range(2):
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+    # B moved; the packed buffer's B columns must have followed it
+    torch.testing.assert_close(fused(input_ids=ids, labels=ids).loss,
+                               ref(input_ids=ids, labels=ids).loss, rtol=1e-5, atol=1e-6)
+
+
+def test_two_passes_then_one_backward():
+    """Two forward passes before one backward (chosen and rejected in separate passes):
+    the refresh of the second pass must not invalidate the first pass's saved buffer."""
+    ref = _lora_model()
+    fused = copy.deepcopy(ref)
+    fuse_lora_mlps(fused)
+    a, b = (torch.randint(0, 128, (1, 10), generator=torch.Generator().manual_seed(s))
+            for s in (3, 4))
+    grads = []
+    for model in (ref, fused):
+        (model(input_ids=a, labels=a).loss - model(input_ids=b, labels=b).loss).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.requires_grad})
+    for name, g in grads[0].items():
+        torch.testing.assert_close(grads[1][name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_packed_model_merges_and_restores_to_contiguous_weights():
+    ref = _lora_model()
+    fused = copy.deepcopy(ref)
+    fuse_lora_mlps(fused)
+    ids = torch.randint(0, 128, (1, 8))
+    expected = ref(input_ids=ids).logits
+    merged = copy.deepcopy(fused).merge_and_unload()  # PEFT's merge writes the base weights
+    torch.testing.assert_close(merged(input_ids=ids).logits, expected, rtol=1e-4, atol=1e-5)
+    assert restore_mlps(fused) == 2
+    for layer in fused.get_base_model().model.layers:
+        gate_w, up_w = layer.mlp.gate_proj.base_layer.weight, layer.mlp.up_proj.base_layer.weight
+        assert gate_w.is_contiguous() and up_w.is_contiguous()
+        assert _storage(gate_w) != _storage(up_w)
+    torch.testing.assert_close(fused(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-6)

@@ -30,11 +30,14 @@ def _model(hidden: int, inter: int, layers: int) -> torch.nn.Module:
     return model
 
 
+@pytest.mark.parametrize("pack", [True, False])
 @pytest.mark.parametrize("compiled", [False, True])
-def test_bf16_matches_peft(compiled):
+def test_bf16_matches_peft(compiled, pack):
     ref = _model(256, 704, 2)
     fused = copy.deepcopy(ref)
-    assert fuse_lora_mlps(fused) == 2
+    assert fuse_lora_mlps(fused, pack=pack) == 2
+    assert all((layer.mlp.packed_gate_up is not None) == pack
+               for layer in fused.get_base_model().model.layers)
     torch._dynamo.reset()
     if compiled:
         for m in (ref, fused):
@@ -57,10 +60,13 @@ def test_bf16_matches_peft(compiled):
     torch._dynamo.reset()
 
 
-def test_less_memory_at_7b_width():
+@pytest.mark.parametrize("pack", [True, False])
+def test_less_memory_at_7b_width(pack):
     model = _model(3584, 18944, 1)
     mlp = model.get_base_model().model.layers[0].mlp
     fused = FusedSwiGLUMLP(mlp, use_liger=False, fuse_lora=True)
+    if pack:
+        assert fused.pack()
     x = torch.randn(8192, 3584, device="cuda", dtype=torch.bfloat16, requires_grad=True)
 
     def kept(module) -> int:

@@ -14,7 +14,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from tunesmith.kernels.lora_mlp import lora_parts, lora_swiglu
+from tunesmith.kernels.lora_mlp import (
+    lora_parts,
+    lora_swiglu,
+    lora_swiglu_packed,
+    pack_gate_up,
+    refresh_gate_up,
+    unpack_gate_up,
+)
 
 # Eager calls of the fused LoRA MLP (compiled calls are not counted: a side effect would
 # break the graph); the run summary reports them as proof that the path ran.
@@ -72,6 +79,25 @@ class FusedSwiGLUMLP(torch.nn.Module):
         self.use_liger = use_liger and liger_ops() is not None
         self.fuse_lora = fuse_lora
         self.original = (mlp,)  # a tuple: not a submodule (no second copy in state dicts)
+        # gate and up base weights in one buffer (pack_gate_up); not saved, not broadcast
+        self.register_buffer("packed_gate_up", None, persistent=False)
+
+    def pack(self) -> bool:
+        """Put gate's and up's frozen weights in one buffer for the one-GEMM path."""
+        if self.packed_gate_up is None:
+            self.packed_gate_up = pack_gate_up(self.gate_proj, self.up_proj)
+        return self.packed_gate_up is not None
+
+    def unpack(self) -> None:
+        if self.packed_gate_up is not None:
+            unpack_gate_up(self.gate_proj, self.up_proj)
+            self.packed_gate_up = None
+
+    def refresh(self) -> None:
+        """The packed buffer's B columns from the adapters' current B (before each pass)."""
+        gate, up = lora_parts(self.gate_proj), lora_parts(self.up_proj)
+        if self.packed_gate_up is not None and gate is not None and up is not None:
+            refresh_gate_up(self.packed_gate_up, gate.b, up.b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fuse_lora:
@@ -79,7 +105,9 @@ class FusedSwiGLUMLP(torch.nn.Module):
                      lora_parts(self.down_proj))
             if parts[0] is not None and parts[1] is not None and parts[2] is not None:
                 if not torch.compiler.is_compiling():
-                    LORA_MLP_CALLS["eager"] += 1
+                    LORA_MLP_CALLS["packed" if self.packed_gate_up is not None else "eager"] += 1
+                if self.packed_gate_up is not None:
+                    return lora_swiglu_packed(x, self.packed_gate_up, *parts)
                 return lora_swiglu(x, *parts)
         gate, up = self.gate_proj(x), self.up_proj(x)
         if self.use_liger and liger_runs_on(x):
@@ -127,9 +155,10 @@ def swap_fused_modules(model: torch.nn.Module, use_liger: bool) -> int:
     return swapped
 
 
-def fuse_lora_mlps(model: torch.nn.Module) -> int:
+def fuse_lora_mlps(model: torch.nn.Module, pack: bool = True) -> int:
     """Turn on the fused LoRA path of every SwiGLU MLP whose three projections are plain LoRA
-    layers (swapping in FusedSwiGLUMLP where liger has not already); returns how many."""
+    layers (swapping in FusedSwiGLUMLP where liger has not already); returns how many. With
+    `pack`, gate and up share one weight buffer and run as one GEMM (`pack_gate_up`)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = FUSABLE.get(getattr(base.config, "model_type", ""))
     if names is None or getattr(base.config, "hidden_act", "silu") != "silu":
@@ -145,16 +174,46 @@ def fuse_lora_mlps(model: torch.nn.Module) -> int:
             child = FusedSwiGLUMLP(child, use_liger=False)
             setattr(parent, child_name, child)
         child.fuse_lora = True
+        if pack:
+            child.pack()
         fused += 1
+    if fused and pack:
+        _refresh_before_each_pass(base)
     return fused
+
+
+def _packed_mlps(model: torch.nn.Module) -> list[FusedSwiGLUMLP]:
+    return [m for m in model.modules()
+            if isinstance(m, FusedSwiGLUMLP) and m.packed_gate_up is not None]
+
+
+def _refresh_before_each_pass(base: torch.nn.Module) -> None:
+    """A forward pre-hook on the decoder (outside the compiled layers): every pass through
+    the model sees the adapters' current B in the packed buffers."""
+    decoder = base.get_decoder() if hasattr(base, "get_decoder") else base
+    if getattr(decoder, "_tunesmith_refresh", None) is not None:
+        return
+    mlps = _packed_mlps(decoder)
+
+    def refresh(_module, _args):
+        for mlp in mlps:
+            mlp.refresh()
+
+    decoder._tunesmith_refresh = decoder.register_forward_pre_hook(refresh)
 
 
 def restore_mlps(model: torch.nn.Module) -> int:
     """Put the model's own MLP modules back in place of FusedSwiGLUMLP (with whatever
     projections they hold now); returns how many."""
     restored = 0
+    for module in model.modules():
+        handle = getattr(module, "_tunesmith_refresh", None)
+        if handle is not None:
+            handle.remove()
+            module._tunesmith_refresh = None
     for parent, child_name, child in _children(model):
         if isinstance(child, FusedSwiGLUMLP):
+            child.unpack()
             original = child.original[0]
             original.gate_proj, original.up_proj = child.gate_proj, child.up_proj
             original.down_proj = child.down_proj

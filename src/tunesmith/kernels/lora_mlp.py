@@ -154,3 +154,120 @@ def lora_swiglu(x: torch.Tensor, gate: LoraParts, up: LoraParts, down: LoraParts
                               up.a, up.b, down.weight, down.bias, down.a, down.b,
                               (gate.scale, up.scale, down.scale), dtype)
     return y.reshape(*x.shape[:-1], y.shape[-1])
+
+
+# ----- gate and up as one GEMM with their LoRA terms inside it ------------------------------
+#
+#   [gate | up] = [x | s_g x Ag^T | s_u x Au^T] @ [[Wg, Bg, 0], [Wu, 0, Bu]]^T
+#
+# The frozen gate and up weights live in one [2I, H + rg + ru] buffer (the base layers'
+# weights become views of it: no extra memory); its B columns are refreshed from the
+# adapters before each forward pass (`refresh_gate_up`). One GEMM then gives gate and up
+# with the rank-r terms summed in its fp32 accumulator: no [tokens, I] LoRA products are
+# written and read back, and in backward one GEMM gives dx's base part together with the
+# adapters' dx A-side products.
+
+
+def pack_gate_up(gate: torch.nn.Module, up: torch.nn.Module) -> torch.Tensor | None:
+    """Move the frozen base weights of plain-LoRA `gate` and `up` into one buffer (returned)
+    and make each base weight a view of it; None (nothing changed) when they cannot share
+    one: other shapes, dtypes or devices, trainable or hooked base weights, a bias on one."""
+    g, u = lora_parts(gate), lora_parts(up)
+    if g is None or u is None:
+        return None
+    wg, wu = g.weight, u.weight
+    if wg.shape != wu.shape or wg.dtype != wu.dtype or wg.device != wu.device \
+            or wg.requires_grad or wu.requires_grad or wg.device.type == "meta" \
+            or (g.bias is None) != (u.bias is None) \
+            or any(hasattr(m.base_layer, "_hf_hook") for m in (gate, up)):
+        return None
+    inter, hidden = wg.shape
+    rg, ru = g.a.shape[0], u.a.shape[0]
+    packed = torch.zeros(2 * inter, hidden + rg + ru, dtype=wg.dtype, device=wg.device)
+    packed[:inter, :hidden] = wg.detach()
+    packed[inter:, :hidden] = wu.detach()
+    gate.base_layer.weight = torch.nn.Parameter(packed[:inter, :hidden], requires_grad=False)
+    up.base_layer.weight = torch.nn.Parameter(packed[inter:, :hidden], requires_grad=False)
+    refresh_gate_up(packed, g.b, u.b)
+    return packed
+
+
+def refresh_gate_up(packed: torch.Tensor, gate_b: torch.Tensor, up_b: torch.Tensor) -> None:
+    """Copy the adapters' current B matrices into the packed buffer's B columns. It writes
+    through `.data`, whose version counter is its own: a forward pass saved for backward is
+    not invalidated (B does not change within an optimizer step)."""
+    inter, width = gate_b.shape[0], packed.shape[1]
+    rg, ru = gate_b.shape[1], up_b.shape[1]
+    hidden = width - rg - ru
+    store = packed.data
+    with torch.no_grad():
+        store[:inter, hidden:hidden + rg].copy_(gate_b)
+        store[inter:, hidden + rg:].copy_(up_b)
+
+
+def unpack_gate_up(gate: torch.nn.Module, up: torch.nn.Module) -> None:
+    """Give `gate` and `up` contiguous base weights of their own again."""
+    for module in (gate, up):
+        weight = module.base_layer.weight
+        module.base_layer.weight = torch.nn.Parameter(weight.detach().contiguous().clone(),
+                                                      requires_grad=weight.requires_grad)
+
+
+class _LoraSwiGLUPacked(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, packed, bias, gate_a, gate_b, up_a, up_b, down_w, down_bias, down_a,
+                down_b, scales, dtype):
+        inter, hidden = gate_b.shape[0], x.shape[1]
+        x = x.to(dtype)
+        a = torch.cat([gate_a, up_a]).to(dtype)  # [rg + ru, H]
+        col_scale = torch.cat([x.new_full((gate_a.shape[0],), scales[0]),
+                               x.new_full((up_a.shape[0],), scales[1])])
+        xs = (x @ a.t()) * col_scale  # [N, rg + ru]: s x A^T
+        gu = F.linear(torch.cat([x, xs], dim=1), packed.to(dtype),
+                      bias.to(dtype) if bias is not None else None)  # [N, 2I]
+        gate, up = gu[:, :inter], gu[:, inter:]
+        down_p = LoraParts(down_w, down_bias, down_a, down_b, scales[2])
+        y, ha = _lora_forward(F.silu(gate) * up, down_p, dtype)
+        ctx.save_for_backward(x, xs, gu, ha, packed, gate_a, up_a, down_w, down_a, down_b)
+        ctx.meta = (inter, hidden, scales, gate_b.dtype)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, xs, gu, ha, packed, gate_a, up_a, down_w, down_a, down_b = ctx.saved_tensors
+        inter, hidden, scales, b_dtype = ctx.meta
+        rg, ru = gate_a.shape[0], up_a.shape[0]
+        dy = dy.to(x.dtype)
+        a = torch.cat([gate_a, up_a]).to(x.dtype)
+        col_scale = torch.cat([x.new_full((rg,), scales[0]), x.new_full((ru,), scales[1])])
+        s_down, a_dtype = scales[2], gate_a.dtype
+        gate, up = gu[:, :inter], gu[:, inter:]
+        sig = torch.sigmoid(gate)
+        silu = gate * sig
+        dh_terms, grad_down_a, grad_down_b = _lora_backward(
+            dy, silu * up, ha, LoraParts(down_w, None, down_a, down_b, s_down), True)
+        dh = _plus(*dh_terms)
+        d_gu = torch.cat([dh * up * sig * (1 + gate * (1 - sig)), dh * silu], dim=1)
+        full = d_gu @ packed.to(x.dtype)  # [N, H + R]: dx's base part | dgate Bg, dup Bu
+        dxa = full[:, hidden:] * col_scale  # [N, R]
+        dx = _plus(full[:, :hidden], dxa @ a) if ctx.needs_input_grad[0] else None
+        grad_a = (dxa.t() @ x).to(a_dtype)  # [R, H]
+        grad_b = d_gu.t() @ xs  # [2I, R]; the off-diagonal blocks are not used
+        return (dx, None, None, grad_a[:rg], grad_b[:inter, :rg].to(b_dtype), grad_a[rg:],
+                grad_b[inter:, rg:].to(b_dtype), None, None, grad_down_a, grad_down_b, None,
+                None)
+
+
+def lora_swiglu_packed(x: torch.Tensor, packed: torch.Tensor, gate: LoraParts, up: LoraParts,
+                       down: LoraParts) -> torch.Tensor:
+    """`lora_swiglu` with gate and up in one packed buffer (`pack_gate_up`, refreshed)."""
+    if any(p.bias is not None and p.bias.requires_grad for p in (gate, up, down)):
+        raise ValueError("lora_swiglu: trainable base biases are not supported")
+    dtype = compute_dtype(x, gate.weight)
+    flat = x.reshape(-1, x.shape[-1])
+    bias = torch.cat([gate.bias, up.bias]) if gate.bias is not None else None
+    with torch.autocast(x.device.type, enabled=False):
+        y = _LoraSwiGLUPacked.apply(flat, packed, bias, gate.a, gate.b, up.a, up.b, down.weight,
+                                    down.bias, down.a, down.b,
+                                    (gate.scale, up.scale, down.scale), dtype)
+    return y.reshape(*x.shape[:-1], y.shape[-1])

@@ -34,7 +34,8 @@ def speed_report(plan: SpeedPlan, started: float, first_step_end: float | None,
     out = plan.report()
     out["varlen_calls"] = dict(VARLEN_CALLS)
     out["offloaded_mb"] = OFFLOAD_COUNTS["bytes"] / 1e6
-    out["fused_lora_mlp_calls"] = LORA_MLP_CALLS["eager"]
+    out["fused_lora_mlp_calls"] = LORA_MLP_CALLS["eager"] + LORA_MLP_CALLS["packed"]
+    out["packed_gate_up_calls"] = LORA_MLP_CALLS["packed"]  # of those, one gate|up GEMM
     out["compiled_loss"] = compiled_loss_on()
     out["time_to_first_step_s"] = (first_step_end - started) if first_step_end else None
     return out
