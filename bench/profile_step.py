@@ -49,7 +49,7 @@ def build_system(opts, device):
     overrides = {"fused_lora_mlp": opts.fused_lora_mlp}
     system = tunesmith_system(base, lora=True, checkpointing=opts.checkpointing,
                               compile=opts.compile, varlen=device.type == "cuda",
-                              workdir=Path(opts.work), extra=overrides)
+                              workdir=Path(opts.work), extra=overrides, lagged=opts.lagged)
     return system, SHAPES[shape]["vocab_size"]
 
 
@@ -62,6 +62,8 @@ def main(argv=None) -> int:
     ap.add_argument("--fused-lora-mlp", default="auto", choices=["auto", "true", "false"])
     ap.add_argument("--checkpointing", default="false")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
+    ap.add_argument("--lagged", action=argparse.BooleanOptionalAction, default=True,
+                    help="steps without a host sync, as `tunesmith train` runs them")
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
     opts = ap.parse_args(argv)

@@ -17,14 +17,15 @@ LORA_TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
 
 @dataclass
 class System:
-    step: Callable[[Batch], float]  # one optimizer step, returns the loss (host float)
+    step: Callable[[Batch], Any]  # one optimizer step: the loss (host float), or with
+    # tunesmith's lagged steps a PendingStep (read later, as `tunesmith train` does)
     teardown: Callable[[], None]
     model: torch.nn.Module
 
 
 def tunesmith_system(base: torch.nn.Module, *, lora: bool, checkpointing: str, compile: bool,
                      varlen: bool, workdir: Path, lr: float = 1e-4,
-                     extra: dict[str, Any] | None = None) -> System:
+                     extra: dict[str, Any] | None = None, lagged: bool = False) -> System:
     """tunesmith's own path: prepare_trainable + apply_speed_settings + Trainer.train_step."""
     from tunesmith.adapters.setup import prepare_trainable
     from tunesmith.config import load_config
@@ -51,7 +52,9 @@ def tunesmith_system(base: torch.nn.Module, *, lora: bool, checkpointing: str, c
                       pad_id=0, device=next(base.parameters()).device, output_dir=workdir,
                       metrics=MetricsLog(workdir / "metrics.jsonl"))
 
-    def step(batch: Batch) -> float:
+    def step(batch: Batch) -> Any:
+        if lagged and trainer.lagged:
+            return trainer.train_step([batch], lagged=True)
         return trainer.train_step([batch])[0]
 
     def teardown() -> None:

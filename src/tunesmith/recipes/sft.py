@@ -226,6 +226,7 @@ def _run_sft(cfg: Config, build_stage: StageBuilder) -> dict[str, Any]:
             save_pissa_converted(model, out)
         speed = speed_report(plan, started, trainer.throughput.first_step_end, graphs_before)
         speed["compile_cache"] = cache.report() if cache is not None else None
+        speed["lagged_steps"] = trainer.lagged  # no host sync per step (train/lagged.py)
         summary = write_summary(out, cfg, result, data.report, device, speed=speed)
     barrier(ctx)
     return summary

@@ -7,6 +7,7 @@
         for each shard: backward(loss_sum * world / n)   # engines average over ranks, so
                                                          # this equals one process, one batch
         clip -> if loss or grad norm non-finite: skip (counted) else optimizer + scheduler
+                (decided on the device and read one step late where it can: train/lagged.py)
         log / evaluate / checkpoint (rank 0 writes)
 """
 
@@ -40,13 +41,15 @@ from tunesmith.errors import ConfigError, TrainingError
 from tunesmith.models.acceleration import activation_offload
 from tunesmith.train.best import BestTracker
 from tunesmith.train.cadence import evaluation_due, final_evaluation_due
+from tunesmith.train.lagged import PendingStep, lagged_steps_apply, settle_ready, step_on_device
 from tunesmith.train.memory import MicroBatchSizer, out_of_memory_message
 from tunesmith.train.metrics import MetricsLog, objective_metrics
 from tunesmith.train.nonfinite import count_nonfinite
 from tunesmith.train.objective import Objective
 from tunesmith.train.optim import build_optimizer, build_scheduler
+from tunesmith.train.run_setup import amp_dtype
 from tunesmith.train.saving import resume_trainer, save_trainer
-from tunesmith.train.schedule_points import epoch_plan, log_due, save_due
+from tunesmith.train.schedule_points import epoch_plan, log_due, save_due, values_needed
 from tunesmith.train.stopping import GracefulStop
 from tunesmith.train.throughput import Throughput
 
@@ -103,7 +106,7 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg, self.total_steps,
                                          self.run_cfg.lr_scheduler_kwargs)
         self.strategy.attach_optimizer(self.optimizer)
-        self.amp_dtype = _amp_dtype(cfg, device)
+        self.amp_dtype = amp_dtype(cfg, device)
         own_scaler = self.amp_dtype == torch.float16 and self.strategy.name != "deepspeed"
         self.scaler = torch.amp.GradScaler("cuda", init_scale=2.0 ** 12) if own_scaler else None
         self.state = LoopState()
@@ -116,6 +119,7 @@ class Trainer:
         self.sizer = (MicroBatchSizer(self.bs * self.accum, cfg.memory_threshold, device)
                       if cfg.auto_batch_size else None)
         self._batches: Any = None  # the loader's iterator, set by run()
+        self.lagged = lagged_steps_apply(self)  # steps without a host sync (train/lagged.py)
         self.stop = GracefulStop()  # checked after each optimizer step
         self.compile_guard: Any = None  # models.speed.CompileGuard: compile failure -> eager
         self.eval_groups: dict[str, list[int]] = {}  # eval_on_each_dataset: name -> samples
@@ -147,12 +151,12 @@ class Trainer:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def train_step(self, micro: list[Batch], live: list[bool] | None = None
-                   ) -> tuple[float, float]:
+    def train_step(self, micro: list[Batch], live: list[bool] | None = None,
+                   lagged: bool = False) -> tuple[float, float] | PendingStep:
         """One optimizer step over this rank's `micro`-batches (`live[i]` False: a weight-0
         filler). Returns (loss per trained token of the whole step over all ranks, grad
-        norm), the same on every rank; the step's real tokens over all ranks go to
-        `self.last_step_tokens`."""
+        norm), the same on every rank, or with `lagged` the same on their way to the host;
+        the step's real tokens over all ranks go to `self.last_step_tokens`."""
         live = live if live is not None else [True] * len(micro)
         local_targets = sum(b.loss_units for b, ok in zip(micro, live, strict=True) if ok)
         local_tokens = sum(b.n_tokens for b, ok in zip(micro, live, strict=True) if ok)
@@ -171,6 +175,9 @@ class Trainer:
                 scaled = loss_sum * (factor if ok else 0.0)  # a filler shard adds nothing
                 self.strategy.backward(self.scaler.scale(scaled) if self.scaler else scaled)
             total += scaled.detach().float()
+        if lagged:
+            self.last_step_tokens = local_tokens
+            return step_on_device(self, total)
         loss, tokens = all_reduce_sum([float(total) / self.world, local_tokens], self.ctx)
         self.last_step_tokens = int(tokens)
         norm, stepped = self.strategy.finish_step(self.optimizer, self.scaler,
@@ -246,6 +253,8 @@ class Trainer:
         start = time.perf_counter() - s.elapsed
         eval_loss, last_eval_step = None, None
         window_losses: list[float] = []
+        pending: list[PendingStep] = []  # lagged steps whose values are not read yet
+        norm = float("nan")
         # One process: batches come from the loader (workers, pinned memory, prefetch) in
         # plan order. Several ranks or auto_batch_size: this rank's shards are collated here.
         self.throughput.start()
@@ -254,15 +263,17 @@ class Trainer:
                          if self.world == 1 and self.sizer is None else None)
         while s.step < self.total_steps:
             start_epoch = s.epoch
-            micro, live, (loss, norm) = self._run_step(self._step_batches())
+            micro, live, result = self._run_step(self._step_batches())
             s.step += 1
             s.tokens_seen += self.last_step_tokens
             s.trained_tokens_seen += sum(b.n_targets for b, ok in zip(micro, live, strict=True)
                                          if ok)
             self.throughput.add_step([b for b, ok in zip(micro, live, strict=True) if ok])
-            if math.isfinite(loss):
-                window_losses.append(loss)
-                s.last_loss = loss
+            outcomes = ([result] if not isinstance(result, PendingStep) else
+                        settle_ready(self, pending, result, values_needed(self, start_epoch)))
+            window_losses += [loss for loss, _ in outcomes if math.isfinite(loss)]
+            s.last_loss = window_losses[-1] if window_losses else s.last_loss
+            norm = outcomes[-1][1] if outcomes else norm
             s.elapsed = time.perf_counter() - start
             bar.update(1)
             if log_due(s.step, cfg, self.run_cfg, self.total_steps, self.steps_per_epoch):
@@ -321,7 +332,7 @@ class Trainer:
                 groups, live = [sh.indices for sh in shards], [sh.live for sh in shards]
             micro = self._collate_step(groups)
             try:
-                result = self.train_step(micro, live)
+                result = self.train_step(micro, live, self.lagged)
             except torch.OutOfMemoryError:
                 self.optimizer.zero_grad(set_to_none=True)
                 del micro
@@ -336,7 +347,7 @@ class Trainer:
                 if self.compile_guard is None or not self.compile_guard.recover(exc):
                     raise
                 self.optimizer.zero_grad(set_to_none=True)
-                result = self.train_step(micro, live)
+                result = self.train_step(micro, live, self.lagged)
             if self.sizer is not None:
                 self.sizer.check_peak()
             return micro, live, result
@@ -379,15 +390,3 @@ class Trainer:
 def _with_live(batch: Batch, live: bool) -> Batch:
     batch.live = live  # a filler's statistics stay out of the objective's sums
     return batch
-
-
-def _amp_dtype(cfg: TrainingConfig, device: torch.device) -> torch.dtype | None:
-    if device.type != "cuda":
-        if cfg.bf16 or cfg.fp16:
-            log.info("bf16/fp16 apply on GPU only; this CPU run computes in fp32")
-        return None
-    if cfg.bf16:
-        return torch.bfloat16
-    if cfg.fp16:
-        return torch.float16
-    return None

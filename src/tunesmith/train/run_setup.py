@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from tunesmith.config.method_keys import MethodConfig
-from tunesmith.config.schema import Config
+from tunesmith.config.schema import Config, TrainingConfig
 from tunesmith.errors import ConfigError
 from tunesmith.kernels.token_weights import TokenLoss
 from tunesmith.models.load_options import LoadOptions
@@ -127,3 +127,15 @@ def log_param_status(model: torch.nn.Module) -> None:
     for name, p in model.named_parameters():
         log.info("param %s shape=%s dtype=%s device=%s trainable=%s", name, tuple(p.shape),
                  p.dtype, p.device, p.requires_grad)
+
+
+def amp_dtype(cfg: TrainingConfig, device: torch.device) -> torch.dtype | None:
+    if device.type != "cuda":
+        if cfg.bf16 or cfg.fp16:
+            log.info("bf16/fp16 apply on GPU only; this CPU run computes in fp32")
+        return None
+    if cfg.bf16:
+        return torch.bfloat16
+    if cfg.fp16:
+        return torch.float16
+    return None

@@ -10,6 +10,7 @@ from tunesmith.config.run_keys import RunConfig
 from tunesmith.config.schema import TrainingConfig
 from tunesmith.data.batching import epoch_batches
 from tunesmith.errors import ConfigError
+from tunesmith.train.cadence import evaluation_due
 
 if TYPE_CHECKING:
     from tunesmith.train.loop import Trainer
@@ -87,3 +88,14 @@ def save_due(trainer: Trainer, start_epoch: int) -> bool:
     if strategy == "steps":
         return bool(trainer.cfg.save_steps) and s.step % trainer.cfg.save_steps == 0
     return False
+
+
+def values_needed(trainer: Trainer, start_epoch: int) -> bool:
+    """Whether a lagged step's loss is read at once: a log, evaluation, checkpoint or stop
+    follows, or it is the last step."""
+    s = trainer.state
+    return (s.step >= trainer.total_steps or trainer.stop.requested
+            or save_due(trainer, start_epoch)
+            or log_due(s.step, trainer.cfg, trainer.run_cfg, trainer.total_steps,
+                       trainer.steps_per_epoch)
+            or evaluation_due(trainer.cfg, s.step, epoch_ended=s.epoch != start_epoch))
