@@ -50,6 +50,12 @@ def build_system(opts, device):
     system = tunesmith_system(base, lora=True, checkpointing=opts.checkpointing,
                               compile=opts.compile, varlen=device.type == "cuda",
                               workdir=Path(opts.work), extra=overrides, lagged=opts.lagged)
+    if not opts.pack:  # the fused MLP with gate and up as separate GEMMs (before packing)
+        from tunesmith.kernels.fused import FusedSwiGLUMLP
+
+        for module in system.model.modules():
+            if isinstance(module, FusedSwiGLUMLP):
+                module.unpack()
     return system, SHAPES[shape]["vocab_size"]
 
 
@@ -64,6 +70,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--lagged", action=argparse.BooleanOptionalAction, default=True,
                     help="steps without a host sync, as `tunesmith train` runs them")
+    ap.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
+                    help="gate and up of the fused LoRA MLP as one GEMM")
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
     opts = ap.parse_args(argv)
