@@ -52,8 +52,12 @@ def _run_plain_chunk(logits: torch.Tensor, targets: torch.Tensor
     if not _COMPILED["on"]:
         return plain_chunk(logits, targets)
     if _COMPILED["fn"] is None:
-        _COMPILED["fn"] = torch.compile(plain_chunk, dynamic=True)
+        _COMPILED["fn"] = torch.compile(plain_chunk)
     try:
+        # the row count varies (the last chunk of a batch), the vocabulary does not: a
+        # static vocabulary lets inductor pick the reduction's block sizes for it
+        torch._dynamo.maybe_mark_dynamic(logits, 0)
+        torch._dynamo.maybe_mark_dynamic(targets, 0)
         return _COMPILED["fn"](logits, targets)
     except Exception as exc:  # noqa: BLE001 - any compile failure: the eager twin is exact
         log.warning("the compiled loss chunk failed (%s: %s); the loss runs eagerly",
