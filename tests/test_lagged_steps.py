@@ -8,8 +8,8 @@ import json
 
 import pytest
 import torch
-from test_training import LAGGED, _samples, _trainer
 
+from test_training import LAGGED, _samples, _trainer
 from tunesmith.train import lagged as lagged_mod
 
 

@@ -169,7 +169,7 @@ def _storage(t: torch.Tensor) -> int:
     return t.untyped_storage().data_ptr()
 
 
-def test_packed_gate_and_up_weights_are_views_of_one_buffer():
+def test_packed_weights_are_views_of_their_buffers():
     model = _lora_model()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     assert fuse_lora_mlps(model) == 2
@@ -183,6 +183,10 @@ def test_packed_gate_and_up_weights_are_views_of_one_buffer():
         torch.testing.assert_close(packed[:INTER, HIDDEN:HIDDEN + RANK],
                                    mlp.gate_proj.lora_B["default"].weight.detach())
         assert not packed[:INTER, HIDDEN + RANK:].any()  # the off-diagonal blocks stay zero
+        down_w = mlp.down_proj.base_layer.weight  # rows [:HIDDEN] of [HIDDEN + r, INTER]
+        assert _storage(down_w) == _storage(mlp.packed_down) and down_w.is_contiguous()
+        torch.testing.assert_close(mlp.packed_down[HIDDEN:],
+                                   mlp.down_proj.lora_A["default"].weight.detach())
     after = dict(model.named_parameters())
     assert after.keys() == before.keys()  # same parameters, same values
     for name, value in before.items():
@@ -233,6 +237,8 @@ def test_packed_model_merges_and_restores_to_contiguous_weights():
     assert restore_mlps(fused) == 2
     for layer in fused.get_base_model().model.layers:
         gate_w, up_w = layer.mlp.gate_proj.base_layer.weight, layer.mlp.up_proj.base_layer.weight
+        down_w = layer.mlp.down_proj.base_layer.weight
         assert gate_w.is_contiguous() and up_w.is_contiguous()
-        assert _storage(gate_w) != _storage(up_w)
+        assert len({_storage(gate_w), _storage(up_w), _storage(down_w)}) == 3
+        assert down_w.untyped_storage().nbytes() == down_w.numel() * down_w.element_size()
     torch.testing.assert_close(fused(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-6)

@@ -18,9 +18,11 @@ from tunesmith.kernels.lora_mlp import (
     lora_parts,
     lora_swiglu,
     lora_swiglu_packed,
+    pack_down,
     pack_gate_up,
+    refresh_down,
     refresh_gate_up,
-    unpack_gate_up,
+    unpack_weights,
 )
 
 # Eager calls of the fused LoRA MLP (compiled calls are not counted: a side effect would
@@ -79,25 +81,39 @@ class FusedSwiGLUMLP(torch.nn.Module):
         self.use_liger = use_liger and liger_ops() is not None
         self.fuse_lora = fuse_lora
         self.original = (mlp,)  # a tuple: not a submodule (no second copy in state dicts)
-        # gate and up base weights in one buffer (pack_gate_up); not saved, not broadcast
+        # frozen weights packed with adapter slots (pack_gate_up, pack_down); not saved, not
+        # broadcast
         self.register_buffer("packed_gate_up", None, persistent=False)
+        self.register_buffer("packed_down", None, persistent=False)
 
     def pack(self) -> bool:
-        """Put gate's and up's frozen weights in one buffer for the one-GEMM path."""
-        if self.packed_gate_up is None:
+        """Pack gate's and up's frozen weights in one buffer and down's in another, for the
+        path where each is one GEMM with its LoRA terms inside; both or neither."""
+        if self.packed_gate_up is None and lora_parts(self.down_proj) is not None:
             self.packed_gate_up = pack_gate_up(self.gate_proj, self.up_proj)
+            if self.packed_gate_up is not None:
+                self.packed_down = pack_down(self.down_proj)
+                if self.packed_down is None:
+                    self.unpack()
         return self.packed_gate_up is not None
 
     def unpack(self) -> None:
         if self.packed_gate_up is not None:
-            unpack_gate_up(self.gate_proj, self.up_proj)
+            unpack_weights(self.gate_proj, self.up_proj)
             self.packed_gate_up = None
+        if self.packed_down is not None:
+            unpack_weights(self.down_proj)
+            self.packed_down = None
 
     def refresh(self) -> None:
-        """The packed buffer's B columns from the adapters' current B (before each pass)."""
-        gate, up = lora_parts(self.gate_proj), lora_parts(self.up_proj)
+        """The packed buffers' adapter slots from the adapters' current B (gate, up) and A
+        (down); runs before each pass through the model."""
+        gate, up, down = (lora_parts(self.gate_proj), lora_parts(self.up_proj),
+                          lora_parts(self.down_proj))
         if self.packed_gate_up is not None and gate is not None and up is not None:
             refresh_gate_up(self.packed_gate_up, gate.b, up.b)
+        if self.packed_down is not None and down is not None:
+            refresh_down(self.packed_down, down.a)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fuse_lora:
@@ -107,7 +123,7 @@ class FusedSwiGLUMLP(torch.nn.Module):
                 if not torch.compiler.is_compiling():
                     LORA_MLP_CALLS["packed" if self.packed_gate_up is not None else "eager"] += 1
                 if self.packed_gate_up is not None:
-                    return lora_swiglu_packed(x, self.packed_gate_up, *parts)
+                    return lora_swiglu_packed(x, self.packed_gate_up, self.packed_down, *parts)
                 return lora_swiglu(x, *parts)
         gate, up = self.gate_proj(x), self.up_proj(x)
         if self.use_liger and liger_runs_on(x):

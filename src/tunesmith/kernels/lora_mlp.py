@@ -205,9 +205,34 @@ def refresh_gate_up(packed: torch.Tensor, gate_b: torch.Tensor, up_b: torch.Tens
         store[inter:, hidden + rg:].copy_(up_b)
 
 
-def unpack_gate_up(gate: torch.nn.Module, up: torch.nn.Module) -> None:
-    """Give `gate` and `up` contiguous base weights of their own again."""
-    for module in (gate, up):
+def pack_down(down: torch.nn.Module) -> torch.Tensor | None:
+    """`down`'s frozen weight [H, I] as the first rows of a [H + r, I] buffer (returned; the
+    base weight becomes that view) whose last rows hold A (`refresh_down`): one GEMM gives
+    h Wd^T and h A^T in forward, and dh with its LoRA term in backward. None (nothing
+    changed) when the weight is trainable, hooked or on the meta device."""
+    d = lora_parts(down)
+    if d is None or d.weight.requires_grad or d.weight.device.type == "meta" \
+            or hasattr(down.base_layer, "_hf_hook"):
+        return None
+    hidden, inter = d.weight.shape
+    packed = torch.zeros(hidden + d.a.shape[0], inter, dtype=d.weight.dtype,
+                         device=d.weight.device)
+    packed[:hidden] = d.weight.detach()
+    down.base_layer.weight = torch.nn.Parameter(packed[:hidden], requires_grad=False)
+    refresh_down(packed, d.a)
+    return packed
+
+
+def refresh_down(packed: torch.Tensor, down_a: torch.Tensor) -> None:
+    """Copy the adapter's current A into the packed down buffer (through `.data`, as
+    `refresh_gate_up`)."""
+    with torch.no_grad():
+        packed.data[packed.shape[0] - down_a.shape[0]:].copy_(down_a)
+
+
+def unpack_weights(*modules: torch.nn.Module) -> None:
+    """Give each LoRA module a contiguous base weight of its own again."""
+    for module in modules:
         weight = module.base_layer.weight
         module.base_layer.weight = torch.nn.Parameter(weight.detach().contiguous().clone(),
                                                       requires_grad=weight.requires_grad)
@@ -215,8 +240,8 @@ def unpack_gate_up(gate: torch.nn.Module, up: torch.nn.Module) -> None:
 
 class _LoraSwiGLUPacked(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, packed, bias, gate_a, gate_b, up_a, up_b, down_w, down_bias, down_a,
-                down_b, scales, dtype):
+    def forward(ctx, x, packed, bias, gate_a, gate_b, up_a, up_b, packed_down, down_bias,
+                down_a, down_b, scales, dtype):
         inter, hidden = gate_b.shape[0], x.shape[1]
         x = x.to(dtype)
         a = torch.cat([gate_a, up_a]).to(dtype)  # [rg + ru, H]
@@ -226,48 +251,59 @@ class _LoraSwiGLUPacked(torch.autograd.Function):
         gu = F.linear(torch.cat([x, xs], dim=1), packed.to(dtype),
                       bias.to(dtype) if bias is not None else None)  # [N, 2I]
         gate, up = gu[:, :inter], gu[:, inter:]
-        down_p = LoraParts(down_w, down_bias, down_a, down_b, scales[2])
-        y, ha = _lora_forward(F.silu(gate) * up, down_p, dtype)
-        ctx.save_for_backward(x, xs, gu, ha, packed, gate_a, up_a, down_w, down_a, down_b)
+        hd = (F.silu(gate) * up) @ packed_down.to(dtype).t()  # [N, H + rd]: h Wd^T | h Ad^T
+        out = hd.shape[1] - down_a.shape[0]
+        ha = hd[:, out:].contiguous()  # its own storage: hd is not kept
+        y = _plus(hd[:, :out], ha @ down_b.to(dtype).t(), scales=(1.0, scales[2]))
+        if down_bias is not None:
+            y = y + down_bias.to(dtype)
+        ctx.save_for_backward(x, xs, gu, ha, packed, gate_a, up_a, packed_down, down_a, down_b)
         ctx.meta = (inter, hidden, scales, gate_b.dtype)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, xs, gu, ha, packed, gate_a, up_a, down_w, down_a, down_b = ctx.saved_tensors
+        x, xs, gu, ha, packed, gate_a, up_a, packed_down, down_a, down_b = ctx.saved_tensors
         inter, hidden, scales, b_dtype = ctx.meta
         rg, ru = gate_a.shape[0], up_a.shape[0]
         dy = dy.to(x.dtype)
         a = torch.cat([gate_a, up_a]).to(x.dtype)
         col_scale = torch.cat([x.new_full((rg,), scales[0]), x.new_full((ru,), scales[1])])
-        s_down, a_dtype = scales[2], gate_a.dtype
+        # down: dh first (it needs no h; one GEMM with its LoRA term inside), so that h,
+        # d_gate and d_up come out of one element-wise pass over (dh, gate, up)
+        dxa_down = (dy @ down_b.to(x.dtype)) * scales[2]  # [N, rd]
+        grad_down_b = ((dy.t() @ ha) * scales[2]).to(down_b.dtype)
+        dh = torch.cat([dy, dxa_down], dim=1) @ packed_down.to(x.dtype)  # [N, I]
         gate, up = gu[:, :inter], gu[:, inter:]
         sig = torch.sigmoid(gate)
         silu = gate * sig
-        dh_terms, grad_down_a, grad_down_b = _lora_backward(
-            dy, silu * up, ha, LoraParts(down_w, None, down_a, down_b, s_down), True)
-        dh = _plus(*dh_terms)
-        d_gu = torch.cat([dh * up * sig * (1 + gate * (1 - sig)), dh * silu], dim=1)
-        full = d_gu @ packed.to(x.dtype)  # [N, H + R]: dx's base part | dgate Bg, dup Bu
+        h = silu * up  # recomputed instead of kept
+        d_up = dh * silu
+        d_gate = dh * up * sig * (1 + gate * (1 - sig))  # d silu(g)/dg = sig (1 + g (1 - sig))
+        grad_down_a = (dxa_down.t() @ h).to(down_a.dtype)
+        w = packed.to(x.dtype)
+        # [N, H + R]: dx's base part | dgate Bg, dup Bu (the off-diagonal blocks are zero)
+        full = _plus(d_gate @ w[:inter], d_up @ w[inter:])
         dxa = full[:, hidden:] * col_scale  # [N, R]
         dx = _plus(full[:, :hidden], dxa @ a) if ctx.needs_input_grad[0] else None
-        grad_a = (dxa.t() @ x).to(a_dtype)  # [R, H]
-        grad_b = d_gu.t() @ xs  # [2I, R]; the off-diagonal blocks are not used
-        return (dx, None, None, grad_a[:rg], grad_b[:inter, :rg].to(b_dtype), grad_a[rg:],
-                grad_b[inter:, rg:].to(b_dtype), None, None, grad_down_a, grad_down_b, None,
-                None)
+        grad_a = (dxa.t() @ x).to(gate_a.dtype)  # [R, H]
+        grad_gate_b = (d_gate.t() @ xs[:, :rg]).to(b_dtype)
+        grad_up_b = (d_up.t() @ xs[:, rg:]).to(b_dtype)
+        return (dx, None, None, grad_a[:rg], grad_gate_b, grad_a[rg:], grad_up_b, None, None,
+                grad_down_a, grad_down_b, None, None)
 
 
-def lora_swiglu_packed(x: torch.Tensor, packed: torch.Tensor, gate: LoraParts, up: LoraParts,
-                       down: LoraParts) -> torch.Tensor:
-    """`lora_swiglu` with gate and up in one packed buffer (`pack_gate_up`, refreshed)."""
+def lora_swiglu_packed(x: torch.Tensor, packed: torch.Tensor, packed_down: torch.Tensor,
+                       gate: LoraParts, up: LoraParts, down: LoraParts) -> torch.Tensor:
+    """`lora_swiglu` with gate and up in one packed buffer (`pack_gate_up`) and down in
+    another (`pack_down`), both refreshed from the adapters."""
     if any(p.bias is not None and p.bias.requires_grad for p in (gate, up, down)):
         raise ValueError("lora_swiglu: trainable base biases are not supported")
     dtype = compute_dtype(x, gate.weight)
     flat = x.reshape(-1, x.shape[-1])
     bias = torch.cat([gate.bias, up.bias]) if gate.bias is not None else None
     with torch.autocast(x.device.type, enabled=False):
-        y = _LoraSwiGLUPacked.apply(flat, packed, bias, gate.a, gate.b, up.a, up.b, down.weight,
+        y = _LoraSwiGLUPacked.apply(flat, packed, bias, gate.a, gate.b, up.a, up.b, packed_down,
                                     down.bias, down.a, down.b,
                                     (gate.scale, up.scale, down.scale), dtype)
     return y.reshape(*x.shape[:-1], y.shape[-1])
