@@ -207,15 +207,16 @@ def _refresh_before_each_pass(base: torch.nn.Module) -> None:
     """A forward pre-hook on the decoder (outside the compiled layers): every pass through
     the model sees the adapters' current B in the packed buffers."""
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else base
-    if getattr(decoder, "_tunesmith_refresh", None) is not None:
-        return
-    mlps = _packed_mlps(decoder)
+    # kept on the decoder (not in the hook's closure): a deep copy of the model refreshes
+    # its own buffers
+    decoder._tunesmith_packed_mlps = _packed_mlps(decoder)
+    if getattr(decoder, "_tunesmith_refresh", None) is None:
+        decoder._tunesmith_refresh = decoder.register_forward_pre_hook(_refresh_packed)
 
-    def refresh(_module, _args):
-        for mlp in mlps:
-            mlp.refresh()
 
-    decoder._tunesmith_refresh = decoder.register_forward_pre_hook(refresh)
+def _refresh_packed(decoder: torch.nn.Module, _args: Any) -> None:
+    for mlp in decoder._tunesmith_packed_mlps:
+        mlp.refresh()
 
 
 def restore_mlps(model: torch.nn.Module) -> int:
@@ -227,6 +228,7 @@ def restore_mlps(model: torch.nn.Module) -> int:
         if handle is not None:
             handle.remove()
             module._tunesmith_refresh = None
+            module._tunesmith_packed_mlps = []
     for parent, child_name, child in _children(model):
         if isinstance(child, FusedSwiGLUMLP):
             child.unpack()
