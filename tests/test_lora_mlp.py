@@ -266,3 +266,14 @@ def test_a_deep_copy_refreshes_its_own_buffers():
                 p.div_(1.5)
     torch.testing.assert_close(fused(input_ids=ids).logits, base(input_ids=ids).logits,
                                rtol=1e-4, atol=1e-5)
+
+
+def test_mlps_outside_the_refreshed_decoder_stay_unpacked():
+    model = _lora_model()
+    base = model.get_base_model()
+    layers = base.model.layers
+    base.get_decoder = lambda: layers[1]  # the hook would never see layer 0's pass
+    assert fuse_lora_mlps(model) == 2
+    assert layers[0].mlp.packed_gate_up is None and layers[0].mlp.packed_down is None
+    assert layers[1].mlp.packed_gate_up is not None
+    assert layers[0].mlp.gate_proj.base_layer.weight.is_contiguous()

@@ -207,6 +207,10 @@ def _refresh_before_each_pass(base: torch.nn.Module) -> None:
     """A forward pre-hook on the decoder (outside the compiled layers): every pass through
     the model sees the adapters' current B in the packed buffers."""
     decoder = base.get_decoder() if hasattr(base, "get_decoder") else base
+    inside = {id(m) for m in _packed_mlps(decoder)}
+    for mlp in _packed_mlps(base):
+        if id(mlp) not in inside:  # no pass through the decoder refreshes it: stay unpacked
+            mlp.unpack()
     # kept on the decoder (not in the hook's closure): a deep copy of the model refreshes
     # its own buffers
     decoder._tunesmith_packed_mlps = _packed_mlps(decoder)
