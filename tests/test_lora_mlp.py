@@ -143,6 +143,7 @@ def test_cli_auto_fuses_and_false_does_not(tmp_path, tiny_qwen2_dir, alpaca_file
     off = _train(tmp_path / "off", tiny_qwen2_dir, alpaca_file, fused_lora_mlp="false")
     assert on["speed"]["fused_lora_mlps"] == 2
     assert on["speed"]["fused_lora_mlp_calls"] >= 2 * 2  # layers x steps
+    assert on["speed"]["packed_gate_up_calls"] == on["speed"]["fused_lora_mlp_calls"]
     assert off["speed"]["fused_lora_mlps"] == 0 and off["speed"]["fused_lora_mlp_calls"] == 0
     assert on["final_loss"] == pytest.approx(off["final_loss"], rel=1e-4)
 

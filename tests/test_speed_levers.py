@@ -52,6 +52,7 @@ def run_train(tmp_path: Path, model_dir: Path, data: Path, **keys) -> dict:
            "learning_rate": 1e-3, "logging_steps": 1, "save_steps": 0, "plot_loss": False,
            **keys}
     path = tmp_path / "train.yaml"
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(cfg))
     assert main(["train", str(path)]) == 0
     return json.loads((tmp_path / "out" / "run_summary.json").read_text())
@@ -103,3 +104,28 @@ def test_varlen_and_packing_from_the_issue_command(tmp_path, tiny_llama_dir, alp
                  "max_steps=2"]) == 0
     summary = json.loads((tmp_path / "o" / "run_summary.json").read_text())
     assert summary["speed"]["varlen_calls"]["reference"] >= 2 * LAYERS
+
+
+def test_lagged_steps_through_the_cli(tmp_path, tiny_qwen2_dir, alpaca_file):
+    """A fused optimizer (AdamW on CUDA by default; asked for here on the CPU) takes steps
+    without a host sync, with recompute, offload and compilation on, LoRA with the packed
+    fused MLP; its losses equal the synchronous run's."""
+    keys = {"finetuning_type": "lora", "lora_target": "all", "max_steps": 4,
+            "logging_steps": 2, "packing": True, "gradient_checkpointing": "offload",
+            "torch_compile": True, "torch_compile_backend": "eager"}
+    lagged = run_train(tmp_path / "lagged", tiny_qwen2_dir, alpaca_file,
+                       optim="adamw_torch_fused", **keys)
+    synced = run_train(tmp_path / "synced", tiny_qwen2_dir, alpaca_file, optim="adamw_torch",
+                       **keys)
+    assert lagged["speed"]["lagged_steps"] is True and synced["speed"]["lagged_steps"] is False
+    for summary in (lagged, synced):
+        assert summary["steps"] == 4 and summary["speed"]["offloaded_mb"] > 0
+        assert summary["speed"]["fused_lora_mlps"] == 2  # both layers' MLPs, packed
+
+    def losses(name):
+        lines = (tmp_path / name / "out" / "metrics.jsonl").read_text().splitlines()
+        return [(r["step"], r["loss"]) for r in map(json.loads, lines) if "loss" in r]
+
+    got, want = losses("lagged"), losses("synced")
+    assert [s for s, _ in got] == [s for s, _ in want] == [2, 4]
+    assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-5)
