@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from test_training import LAGGED, _samples, _trainer
+from test_training import LAGGED, _samples, _trainer, poison_call
 from tunesmith.train import lagged as lagged_mod
 
 
@@ -76,14 +76,7 @@ def test_a_skipped_step_moves_the_schedule_back(tmp_path, tiny_llama_dir, tiny_t
     trainer, model = _trainer(tmp_path, tiny_llama_dir, _samples(tiny_tokenizer, 8),
                               max_steps=3, per_device_train_batch_size=1,
                               lr_scheduler_type="linear", **LAGGED)
-    real = trainer.objective.loss_sum
-    calls = {"n": 0}
-
-    def first_bad(m, b):
-        calls["n"] += 1
-        return real(m, b) * (float("nan") if calls["n"] == 1 else 1.0)
-
-    trainer.objective.loss_sum = first_bad
+    poison_call(trainer, 1, float("nan"))
     before = _weights(model)
     trainer.run()
     assert trainer.state.nonfinite_total == 1

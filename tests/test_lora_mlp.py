@@ -245,6 +245,13 @@ def test_packed_model_merges_and_restores_to_contiguous_weights():
     torch.testing.assert_close(fused(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-6)
 
 
+def _scale_adapters(model, factor: float) -> None:
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_" in name:
+                p.mul_(factor)
+
+
 def test_a_deep_copy_refreshes_its_own_buffers():
     """A copy made after fusing (a frozen reference model, a snapshot) is refreshed from its
     own adapters; the original's buffers follow the original's."""
@@ -254,17 +261,11 @@ def test_a_deep_copy_refreshes_its_own_buffers():
     twin = copy.deepcopy(fused)
     ids = torch.randint(0, 128, (1, 9), generator=torch.Generator().manual_seed(5))
     for model in (ref, twin):
-        with torch.no_grad():
-            for name, p in model.named_parameters():
-                if "lora_" in name:
-                    p.mul_(1.5)
+        _scale_adapters(model, 1.5)
     torch.testing.assert_close(twin(input_ids=ids).logits, ref(input_ids=ids).logits,
                                rtol=1e-4, atol=1e-5)
     base = copy.deepcopy(ref)  # fused still holds the unscaled adapters
-    with torch.no_grad():
-        for name, p in base.named_parameters():
-            if "lora_" in name:
-                p.div_(1.5)
+    _scale_adapters(base, 1 / 1.5)
     torch.testing.assert_close(fused(input_ids=ids).logits, base(input_ids=ids).logits,
                                rtol=1e-4, atol=1e-5)
 

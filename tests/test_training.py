@@ -65,6 +65,17 @@ def _trainer(tmp_path, model_dir, samples, **overrides):
     return trainer, model
 
 
+def poison_call(trainer, call: int, value: float) -> None:
+    """Multiply the loss of the objective's `call`-th call (1-based) by `value`."""
+    real, calls = trainer.objective.loss_sum, {"n": 0}
+
+    def poisoned(m, b):
+        calls["n"] += 1
+        return real(m, b) * (value if calls["n"] == call else 1.0)
+
+    trainer.objective.loss_sum = poisoned
+
+
 def _samples(tokenizer, n=8):
     renderer = ChatRenderer("tokenizer", tokenizer.chat_template, tokenizer)
     convs = [_conv(("user", f"what is {i} plus {i}?" + " really" * (i % 4)),
@@ -167,14 +178,7 @@ def test_single_nonfinite_step_is_skipped_and_counted(tmp_path, tiny_llama_dir, 
     trainer, _ = _trainer(tmp_path, tiny_llama_dir, samples, max_steps=4,
                           per_device_train_batch_size=2, **(LAGGED if lagged else {}))
     assert trainer.lagged == lagged
-    real = trainer.objective.loss_sum
-    calls = {"n": 0}
-
-    def flaky(m, b):
-        calls["n"] += 1
-        return real(m, b) * (float("inf") if calls["n"] == 3 else 1.0)
-
-    trainer.objective.loss_sum = flaky
+    poison_call(trainer, 3, float("inf"))
     result = trainer.run()
     assert result.state.nonfinite_total == 1 and result.state.step == 4
     assert trainer.scheduler.last_epoch == 3  # 4 steps, one skipped
