@@ -234,8 +234,8 @@ def unpack_weights(*modules: torch.nn.Module) -> None:
     """Give each LoRA module a contiguous base weight of its own again."""
     for module in modules:
         weight = module.base_layer.weight
-        module.base_layer.weight = torch.nn.Parameter(weight.detach().contiguous().clone(),
-                                                      requires_grad=weight.requires_grad)
+        own = weight.detach().clone(memory_format=torch.contiguous_format)  # one copy
+        module.base_layer.weight = torch.nn.Parameter(own, requires_grad=weight.requires_grad)
 
 
 class _LoraSwiGLUPacked(torch.autograd.Function):

@@ -20,6 +20,7 @@ every step (train/loop.py).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -85,8 +86,7 @@ def settle(trainer: Any, pending: PendingStep) -> tuple[float, float]:
     """Read a step's values; a non-finite one was not applied: count and report it (raising
     after too many in a row) and move the schedule back the point it advanced."""
     loss, norm = pending.values()
-    finite = torch.isfinite(torch.tensor([loss, norm])).all().item()
-    if finite:
+    if math.isfinite(loss) and math.isfinite(norm):
         trainer.state.nonfinite_run = 0
         return loss, norm
     scheduler = trainer.scheduler
