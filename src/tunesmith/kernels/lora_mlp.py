@@ -164,8 +164,9 @@ def lora_swiglu(x: torch.Tensor, gate: LoraParts, up: LoraParts, down: LoraParts
 # weights become views of it: no extra memory); its B columns are refreshed from the
 # adapters before each forward pass (`refresh_gate_up`). One GEMM then gives gate and up
 # with the rank-r terms summed in its fp32 accumulator: no [tokens, I] LoRA products are
-# written and read back, and in backward one GEMM gives dx's base part together with the
-# adapters' dx A-side products.
+# written and read back. In backward, d_gate and d_up times their halves of the buffer give
+# dx's base part together with the adapters' A-side products (dgate Bg, dup Bu). Down is
+# packed the same way, with its A as extra rows (`pack_down`).
 
 
 def pack_gate_up(gate: torch.nn.Module, up: torch.nn.Module) -> torch.Tensor | None:
