@@ -138,16 +138,21 @@ class Strategy:
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
 
+    def clip(self, max_norm: float) -> torch.Tensor:
+        """Clip the trainable gradients to `max_norm` (0: no clipping); the total norm, on the
+        device (no host sync)."""
+        params = [p for p in self.model.parameters() if p.requires_grad]  # type: ignore[union-attr]
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
+        if hasattr(norm, "full_tensor"):  # FSDP2: a replicated DTensor
+            norm = norm.full_tensor()
+        return norm
+
     def finish_step(self, optimizer: torch.optim.Optimizer, scaler: Any, max_norm: float,
                     loss_ok: bool) -> tuple[float, bool]:
         """Clip, step unless the loss or the norm is non-finite; (grad norm, stepped)."""
         if scaler is not None:
             scaler.unscale_(optimizer)
-        params = [p for p in self.model.parameters() if p.requires_grad]  # type: ignore[union-attr]
-        norm_t = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else math.inf)
-        if hasattr(norm_t, "full_tensor"):  # FSDP2: a replicated DTensor
-            norm_t = norm_t.full_tensor()
-        norm = float(norm_t)  # one host sync per optimizer step
+        norm = float(self.clip(max_norm))  # one host sync per optimizer step
         stepped = loss_ok and math.isfinite(norm)
         if stepped:
             if scaler is not None:

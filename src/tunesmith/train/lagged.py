@@ -66,11 +66,8 @@ class PendingStep:
 def step_on_device(trainer: Any, loss: torch.Tensor) -> PendingStep:
     """Clip, then step the optimizer unless the loss or the norm is non-finite (decided on
     the device), zero the gradients and advance the schedule; nothing waits for the GPU."""
-    params = [p for p in trainer.strategy.model.parameters() if p.requires_grad]
-    max_norm = trainer.cfg.max_grad_norm
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm > 0 else float("inf"))
-    device = params[0].device if params else loss.device
-    bad = (~torch.isfinite(loss.to(device) + norm.to(device))).float()
+    norm = trainer.strategy.clip(trainer.cfg.max_grad_norm)
+    bad = (~torch.isfinite(loss + norm.to(loss.device))).float()
     opt = trainer.optimizer
     opt.found_inf = bad
     try:
