@@ -54,6 +54,10 @@ CASES = {  # name: (processes, strategy, finetuning type, micro-batch)
     "ddp_lora_x2": (2, "ddp", "lora", 4),
     "fsdp_full_x2": (2, "fsdp", "full", 2),
     "ds_z3_full_x2": (2, "deepspeed", "full", 2),
+    # one GPU: the ZeRO-3 engine's own cost (hooks, flat buffers, optimizer) against the
+    # plain loop on the same model, with no communication to hide it
+    "single_full_x1": (1, "single", "full", 2),
+    "ds_z3_full_x1": (1, "deepspeed", "full", 2),
 }
 
 
@@ -79,10 +83,10 @@ def run_case(a: argparse.Namespace) -> None:
     if strategy == "fsdp":
         cfg.fsdp = ["full_shard"]
     if strategy == "deepspeed":
-        cfg.deepspeed = str(ROOT / "examples" / "deepspeed" / "ds_z3_config.json")
+        cfg.deepspeed = ds_json(a)
     ctx = init_distributed("auto", "auto", cfg.ddp_timeout)
     torch.manual_seed(a.seed)
-    model = build_model(a.tiny, ft, ctx.device)
+    model = build_model(a.tiny, ft, ctx.device, a.layers)
     from tunesmith.adapters.setup import prepare_trainable
 
     model = prepare_trainable(model, FinetuningConfig(
@@ -104,11 +108,28 @@ def run_case(a: argparse.Namespace) -> None:
     shutdown_process_group()
 
 
-def build_model(tiny: bool, ft: str, device):
+def ds_json(a: argparse.Namespace) -> str:
+    """LLaMA-Factory's ds_z3_config.json, with --zero KEY=VALUE entries of
+    zero_optimization set (written next to the results; JSON values: 5e8, true, "auto")."""
+    path = ROOT / "examples" / "deepspeed" / "ds_z3_config.json"
+    if not a.zero:
+        return str(path)
+    conf = json.loads(path.read_text())
+    for item in a.zero:
+        key, _, value = item.partition("=")
+        conf["zero_optimization"][key] = json.loads(value)
+    out = a.out / f"{a.case}_ds.json"
+    out.write_text(json.dumps(conf, indent=2))
+    return str(out)
+
+
+def build_model(tiny: bool, ft: str, device, layers: int = 0):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    shape = TINY if tiny else QWEN7B
+    shape = dict(TINY if tiny else QWEN7B)
+    if layers:
+        shape["num_hidden_layers"] = layers
     cfg = Qwen2Config(**shape)
     # a frozen base is stored in bf16; full fine-tuning keeps fp32 masters (bf16 compute)
     dtype = torch.float32 if tiny or ft == "full" else torch.bfloat16
@@ -151,6 +172,8 @@ def train(model, cfg, ctx, strategy, seq: int, mb: int, ft: str, a) -> dict:
     return {"case": a.case, "gpus": ctx.world_size, "strategy": strategy.name,
             "finetuning_type": ft, "micro_batch": mb, "seq_len": seq,
             "gradient_checkpointing": bool(a.checkpointing), "warmup_steps": a.warmup,
+            "layers": model.config.num_hidden_layers, "zero": a.zero,
+            "zero3_whole_layers": getattr(strategy, "fetch_units", None),
             "torch_compile": compile_layers_used(ft, a),
             "timed_steps": a.steps, "step_s": round(step_s, 4),
             "tokens_per_s": round(tokens_per_gpu * ctx.world_size, 1),
@@ -226,6 +249,8 @@ def drive_case(name: str, a: argparse.Namespace, env: dict, left: float,
     argv += ["--checkpointing"] if checkpointing else []
     argv += ["--no-compile"] if a.no_compile else []
     argv += ["--compile-full"] if a.compile_full else []
+    argv += ["--layers", str(a.layers)] if a.layers else []
+    argv += [f"--zero={z}" for z in a.zero]
     from tunesmith.distributed.launch import free_port
 
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
@@ -317,6 +342,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-compile", action="store_true", help="LoRA cases without torch.compile")
     p.add_argument("--compile-full", action="store_true", help="compile full fine-tuning too")
     p.add_argument("--case-timeout", type=float, default=170.0)
+    p.add_argument("--layers", type=int, default=0, help="decoder layers (0: the shape's 28)")
+    p.add_argument("--zero", action="append", default=[], metavar="KEY=JSON",
+                   help="set a zero_optimization entry of the ZeRO-3 JSON (repeatable)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 

@@ -169,3 +169,49 @@ def test_waiting_ranks_see_rank0_finish_or_fail(tmp_path):
 def test_single_process_handoff_just_builds(tmp_path):
     assert prepare_on_main(lambda: [1, 2], tmp_path, "d", DistContext(), 5) == [1, 2]
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("threshold", [None, 0])
+def test_zero3_gathers_each_decoder_layer_whole(threshold, tmp_path, monkeypatch):
+    """ZeRO-3 hooks each decoder layer, not the Linears and norms inside it (one gather
+    and one gradient reduction per layer); a JSON that sets DeepSpeed's own
+    stage3_module_granularity_threshold keeps DeepSpeed's grouping."""
+    pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
+    import json
+
+    import torch
+
+    from tiny import build_model
+    from tunesmith.distributed.deepspeed import DeepSpeedStrategy
+    from tunesmith.distributed.strategy import decoder_layers
+    from tunesmith.train.objective import NextTokenObjective
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    zero = {"stage": 3, "reduce_bucket_size": "auto", "stage3_prefetch_bucket_size": "auto"}
+    if threshold is not None:
+        zero["stage3_module_granularity_threshold"] = threshold
+    path = tmp_path / "z3.json"
+    path.write_text(json.dumps({"zero_optimization": zero}))
+    t = load_config(overrides={"deepspeed": str(path), "per_device_train_batch_size": 1,
+                               "finetuning_type": "full"}).training
+    model = build_model()
+    s = DeepSpeedStrategy(DistContext(), t)
+    s.wrap(model, NextTokenObjective())
+    s.attach_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    layers = decoder_layers(model)
+    hooked_inside = [hasattr(layer.mlp.down_proj, "ds_id") for layer in layers]
+    if threshold is None:
+        assert s.fetch_units == len(layers) == 2
+        assert all(getattr(layer, "_z3_leaf", False) for layer in layers)
+        assert not any(hooked_inside)  # the layer is DeepSpeed's unit: nothing below it
+    else:
+        assert s.fetch_units == 0 and all(hooked_inside)
+    from tunesmith.data.batching import collate
+    from tunesmith.data.encode import EncodedSample
+
+    import numpy as np
+
+    ids = np.array([3, 4, 5, 6, 7, 8], dtype=np.int32)
+    loss = s.loss_module(collate([EncodedSample(ids, ids.copy())], pad_id=0))
+    s.backward(loss)  # the layer-wise hooks gather and reduce without error
+    assert torch.isfinite(loss)

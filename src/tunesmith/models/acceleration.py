@@ -165,16 +165,22 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return list(getattr(base.get_decoder(), "layers", None) or [])
 
 
-def compile_decoder_layers(model: torch.nn.Module, backend: str = "inductor") -> int:
+def compile_decoder_layers(model: torch.nn.Module, backend: str = "inductor",
+                           hooks_outside: bool = False) -> int:
     """Regional compilation: each decoder layer compiled in place (one graph shared by all
     identical layers), leaving the loss and the loop eager. Compilation itself happens at
-    the first forward pass."""
+    the first forward pass. `hooks_outside`: compile only the layer's forward, so module
+    hooks (DeepSpeed ZeRO-3 gathers a layer's weights in one) run eagerly around the graph
+    instead of breaking it."""
     layers = decoder_layers(model)
     if not layers:
         log.warning("torch_compile: no decoder `layers` found; nothing compiled")
         return 0
     for layer in layers:
-        layer.compile(backend=backend)
+        if hooks_outside:
+            layer.forward = torch.compile(layer.forward, backend=backend)
+        else:
+            layer.compile(backend=backend)
     return len(layers)
 
 
@@ -183,6 +189,7 @@ def uncompile_decoder_layers(model: torch.nn.Module) -> None:
     its compiled call in `_compiled_call_impl`; torch has no public inverse."""
     for layer in decoder_layers(model):
         layer._compiled_call_impl = None
+        layer.__dict__.pop("forward", None)  # the hooks_outside form: the class's forward
 
 
 def upcast_norm_weights(model: torch.nn.Module) -> int:

@@ -227,6 +227,8 @@ def _run_sft(cfg: Config, build_stage: StageBuilder) -> dict[str, Any]:
         speed = speed_report(plan, started, trainer.throughput.first_step_end, graphs_before)
         speed["compile_cache"] = cache.report() if cache is not None else None
         speed["lagged_steps"] = trainer.lagged  # no host sync per step (train/lagged.py)
+        # ZeRO-3: decoder layers gathered whole (distributed/deepspeed.py); None: not ZeRO-3
+        speed["zero3_whole_layers"] = getattr(trainer.strategy, "fetch_units", None)
         summary = write_summary(out, cfg, result, data.report, device, speed=speed)
     barrier(ctx)
     return summary
@@ -292,7 +294,8 @@ def apply_speed_settings(model: torch.nn.Module, cfg: Config,
     model.config.use_cache = False
     if plan.compile:
         check_compile_backend(plan.compile_backend)
-        plan.stats.compiled_layers = compile_decoder_layers(model, plan.compile_backend)
+        plan.stats.compiled_layers = compile_decoder_layers(  # ZeRO-3 hooks each layer
+            model, plan.compile_backend, hooks_outside=bool(cfg.training.deepspeed))
     use_compiled_loss(plan.compile and device.type == "cuda"
                       and plan.compile_backend == "inductor")
     return plan
