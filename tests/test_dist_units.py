@@ -215,3 +215,26 @@ def test_zero3_gathers_each_decoder_layer_whole(threshold, tmp_path, monkeypatch
     loss = s.loss_module(collate([EncodedSample(ids, ids.copy())], pad_id=0))
     s.backward(loss)  # the layer-wise hooks gather and reduce without error
     assert torch.isfinite(loss)
+
+
+def test_one_process_deepspeed_group_binds_a_numbered_gpu(monkeypatch):
+    """`tunesmith train` with a deepspeed key on one GPU and no launcher forms a 1-rank NCCL
+    group; NCCL refuses a device without an index ("Please use a device_id with index",
+    torch 2.11 on an H200), which the context's plain "cuda" device is."""
+    import torch
+    import torch.distributed as dist
+
+    from tunesmith.distributed import deepspeed as ds_mod
+
+    seen = {}
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: seen.update(
+        backend=backend, **kw))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    ds_mod.join_single_rank_group(DistContext(device=torch.device("cuda")))
+    assert seen["backend"] == "nccl" and seen["device_id"] == torch.device("cuda", 0)
+    ds_mod.join_single_rank_group(DistContext(device=torch.device("cuda", 1)))
+    assert seen["device_id"] == torch.device("cuda", 1)
+    ds_mod.join_single_rank_group(DistContext())
+    assert seen["backend"] == "gloo" and seen["device_id"] is None

@@ -103,9 +103,13 @@ def join_single_rank_group(ctx: DistContext) -> None:
         _FORMED["local_rank"] = True
     if dist.is_initialized():
         return
-    backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+    device_id = None
+    if ctx.device.type == "cuda":  # NCCL binds to one numbered device: "cuda" is refused
+        index = ctx.device.index
+        device_id = torch.device("cuda", torch.cuda.current_device() if index is None else index)
+    backend = "nccl" if device_id is not None else "gloo"
     dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
-                            device_id=ctx.device if ctx.device.type == "cuda" else None)
+                            device_id=device_id)
     log.info("deepspeed: one process, so a 1-rank %s process group was formed", backend)
 
 
