@@ -153,13 +153,20 @@ def train(model, cfg, ctx, strategy, seq: int, mb: int, ft: str, a) -> dict:
     samples = [EncodedSample(ids, ids.copy()) for ids in
                rng.integers(0, vocab, size=(n, seq), dtype=np.int64).astype(np.int32)]
     flop_model = build_flop_model(model, full=ft == "full")
-    log = RecordingLog()
+    prof = step_profiler(a) if a.profile and ctx.is_main else None
+    if prof is not None:
+        label_phases(strategy)
+    log = RecordingLog(prof)
     trainer = Trainer(model, NextTokenObjective(), samples, [], cfg, pad_id=0,
                       device=ctx.device, output_dir=Path(cfg.output_dir), metrics=log,
                       strategy=strategy)
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
+    if prof is not None:
+        prof.start()
     trainer.run()
+    if prof is not None:
+        prof.stop()
     t = {r["step"]: r["elapsed_s"] for r in log.records if "elapsed_s" in r}
     # every rank gets the same t through the all-reduced loss (rank 0 records)
     timed = t.get(a.warmup + a.steps, 0.0) - t.get(a.warmup, 0.0) if ctx.is_main else 0.0
@@ -185,14 +192,55 @@ def train(model, cfg, ctx, strategy, seq: int, mb: int, ft: str, a) -> dict:
             else "cpu"}
 
 
-class RecordingLog:
-    """Stands in for MetricsLog: keeps the loop's per-step records in memory."""
+def label_phases(strategy) -> None:
+    """Name the strategy's backward and step in the profile (rows "phase: ...")."""
+    from torch.profiler import record_function
 
-    def __init__(self) -> None:
+    for name in ("backward", "finish_step"):
+        inner = getattr(strategy, name)
+
+        def labelled(*args, _inner=inner, _name=name, **kw):
+            with record_function(f"phase: {_name}"):
+                return _inner(*args, **kw)
+
+        setattr(strategy, name, labelled)
+
+
+def step_profiler(a: argparse.Namespace):
+    """torch.profiler over --profile steps after the warm-up; the tables (by GPU time and
+    by host time) go to <out>/<case>_profile.txt."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    def write(p) -> None:
+        table = p.key_averages()
+        text = [f"{a.case}: {a.profile} profiled steps after {a.warmup} warm-up steps", "",
+                "## by device time", table.table(sort_by="self_device_time_total",
+                                                   row_limit=40, max_name_column_width=70),
+                "## by host time", table.table(sort_by="self_cpu_time_total", row_limit=40,
+                                                 max_name_column_width=70),
+                "## phases (host and device totals)"] + [
+                    f"{e.key}: host {e.cpu_time_total / 1e3:.1f} ms, device "
+                    f"{e.device_time_total / 1e3:.1f} ms, calls {e.count}"
+                    for e in table if e.key.startswith(("phase:", "ProfilerStep"))]
+        (a.out / f"{a.case}_profile.txt").write_text("\n".join(text))
+
+    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                   schedule=schedule(wait=a.warmup - 1, warmup=1, active=a.profile),
+                   on_trace_ready=write)
+
+
+class RecordingLog:
+    """Stands in for MetricsLog: keeps the loop's per-step records in memory, and steps
+    the profiler (--profile) once per optimizer step."""
+
+    def __init__(self, profiler=None) -> None:
         self.records: list[dict] = []
+        self.profiler = profiler
 
     def write(self, record: dict) -> None:
         self.records.append(record)
+        if self.profiler is not None and "loss" in record:
+            self.profiler.step()
 
     def close(self) -> None:
         pass
@@ -251,6 +299,7 @@ def drive_case(name: str, a: argparse.Namespace, env: dict, left: float,
     argv += ["--compile-full"] if a.compile_full else []
     argv += ["--layers", str(a.layers)] if a.layers else []
     argv += [f"--zero={z}" for z in a.zero]
+    argv += ["--profile", str(a.profile)] if a.profile else []
     from tunesmith.distributed.launch import free_port
 
     cmd = ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
@@ -342,6 +391,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-compile", action="store_true", help="LoRA cases without torch.compile")
     p.add_argument("--compile-full", action="store_true", help="compile full fine-tuning too")
     p.add_argument("--case-timeout", type=float, default=170.0)
+    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="profile this many steps after the warm-up (torch.profiler tables)")
     p.add_argument("--layers", type=int, default=0, help="decoder layers (0: the shape's 28)")
     p.add_argument("--zero", action="append", default=[], metavar="KEY=JSON",
                    help="set a zero_optimization entry of the ZeRO-3 JSON (repeatable)")

@@ -206,10 +206,10 @@ def test_zero3_gathers_each_decoder_layer_whole(threshold, tmp_path, monkeypatch
         assert not any(hooked_inside)  # the layer is DeepSpeed's unit: nothing below it
     else:
         assert s.fetch_units == 0 and all(hooked_inside)
+    import numpy as np
+
     from tunesmith.data.batching import collate
     from tunesmith.data.encode import EncodedSample
-
-    import numpy as np
 
     ids = np.array([3, 4, 5, 6, 7, 8], dtype=np.int32)
     loss = s.loss_module(collate([EncodedSample(ids, ids.copy())], pad_id=0))

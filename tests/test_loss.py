@@ -69,3 +69,52 @@ def test_compiled_chunks_fall_back_to_the_eager_twin(monkeypatch, caplog):
     ref.backward()
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(hidden.grad, ref_hidden.grad, rtol=1e-5, atol=1e-6)
+
+
+def _mm_dtypes(fn) -> list[tuple[torch.dtype, ...]]:
+    """The input dtypes of every matrix product `fn` runs, forward and backward."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    seen = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.addmm):
+                seen.append(tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+            return func(*args, **(kwargs or {}))
+
+    with Record():
+        fn()
+    return seen
+
+
+@pytest.mark.parametrize("kernel", ["cross_entropy", "logprobs", "anchored_kl"])
+def test_head_weight_gradient_multiplies_in_the_models_dtype(kernel):
+    """With a bf16 model and autocast off (DeepSpeed's bf16 mode), every product of the
+    chunked head losses runs in bf16: the weight gradient's GEMM in fp32 was an untensored
+    SIMT kernel (11 ms per chunk on an H200). The sum itself stays fp32, and close to the
+    fp32 reference."""
+    from tunesmith.kernels.anchored_kl import chunked_anchored_kl
+    from tunesmith.kernels.linear_logprob import chunked_token_logprobs
+
+    g = torch.Generator().manual_seed(0)
+    h32 = torch.randn(24, 32, generator=g)
+    w32 = torch.randn(97, 32, generator=g).mul_(0.3)
+    targets = torch.randint(0, 97, (24,), generator=g)
+
+    def run(dtype):
+        w = w32.to(dtype).requires_grad_(True)
+        h = h32.to(dtype).requires_grad_(True)
+        if kernel == "cross_entropy":
+            out = chunked_linear_cross_entropy(h, w, targets, 8)
+        elif kernel == "logprobs":
+            out = chunked_token_logprobs(h, w, targets, 8).sum()
+        else:
+            out = chunked_anchored_kl(h, w, h32.flip(0).to(dtype), w32.to(dtype), 8)
+        out.backward()
+        return w.grad
+
+    dtypes = _mm_dtypes(lambda: run(torch.bfloat16))
+    assert dtypes and all(d == torch.bfloat16 for pair in dtypes for d in pair), dtypes
+    got, ref = run(torch.bfloat16).float(), run(torch.float32)
+    assert (got - ref).abs().max() < 0.05 * ref.abs().max()

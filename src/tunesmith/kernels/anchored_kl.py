@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from tunesmith.kernels.linear_ce import add_weight_grad
+
 
 def anchored_kl_reference(hidden: torch.Tensor, weight: torch.Tensor, ref_hidden: torch.Tensor,
                           ref_weight: torch.Tensor) -> torch.Tensor:
@@ -40,7 +42,7 @@ class _ChunkedAnchoredKL(torch.autograd.Function):
             if need_dh:
                 grad_hidden[start:start + chunk_size] = grad_logits.to(hidden.dtype) @ weight
             if need_dw:
-                grad_weight += grad_logits.t() @ h.float()
+                add_weight_grad(grad_weight, grad_logits, h)
         ctx.weight_dtype = weight.dtype
         ctx.save_for_backward(grad_hidden, grad_weight)
         return total

@@ -66,6 +66,14 @@ def _run_plain_chunk(logits: torch.Tensor, targets: torch.Tensor
         return plain_chunk(logits, targets)
 
 
+def add_weight_grad(acc: torch.Tensor, dlogits: torch.Tensor, h: torch.Tensor) -> None:
+    """acc [V, H] fp32 += dlogits^T @ h, the GEMM in h's dtype: bf16/fp16 tensor cores with
+    fp32 accumulation inside, whether or not autocast is on. DeepSpeed runs the model in
+    bf16 with autocast off, where an fp32 GEMM here took 11 ms per 1,024-row chunk of a
+    152k vocabulary (SIMT, no tensor cores) against ~0.7 ms. fp32 when h is fp32."""
+    acc += (dlogits.to(h.dtype).t() @ h).float()
+
+
 def linear_cross_entropy_reference(hidden: torch.Tensor, weight: torch.Tensor,
                                    targets: torch.Tensor, spec: TokenLoss = PLAIN
                                    ) -> torch.Tensor:
@@ -121,7 +129,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 if need_dh:
                     grad_hidden[start:start + chunk_size] = g @ weight
                 if need_dw:
-                    grad_weight += grad_logits.t() @ h.float()
+                    add_weight_grad(grad_weight, g, h)
         ctx.save_for_backward(grad_hidden, grad_weight)
         return total
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from tunesmith.kernels.linear_ce import add_weight_grad
+
 
 def token_logprobs_reference(hidden: torch.Tensor, weight: torch.Tensor,
                              targets: torch.Tensor) -> torch.Tensor:
@@ -55,7 +57,7 @@ class _ChunkedTokenLogprobs(torch.autograd.Function):
             if need_dh:
                 dh[sl] = dlogits.to(hidden.dtype) @ weight
             if need_dw:
-                dw += dlogits.t() @ h.float()
+                add_weight_grad(dw, dlogits, h)
         return dh, (dw.to(weight.dtype) if dw is not None else None), None, None
 
 
