@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ZeRO-3's own cost on one H200: the plain loop against DeepSpeed ZeRO-3 on the same
 # 12-layer Qwen2.5-7B-shaped model (full fine-tuning, micro-batch 4 x 2048), with and
-# without whole-layer gathering, compilation and larger buckets. One call of ~8 minutes;
+# without whole-layer gathering, compilation and larger buckets. One call of ~7 minutes;
 # DeepSpeed travels as wheels in .carry/ds (carry=[".carry/ds"]).
 #     bash bench/z3_sweep.sh $OUT/z3
 set -u
@@ -19,10 +19,12 @@ run() {  # name, then gpu_dist arguments
     python3 bench/gpu_dist.py --out "$out/$name" --budget "$left" "${common[@]}" "$@" \
         | grep '"case"' | sed "s/^/$name /"
 }
-run z3_per_module --cases ds_z3_full_x1 --zero stage3_module_granularity_threshold=0
-run z3_layers --cases ds_z3_full_x1
+# HF's "auto" buckets (h x h, 0.9 h x h at hidden 3584), which tunesmith also used before
+hf=(--zero reduce_bucket_size=12845056 --zero stage3_prefetch_bucket_size=11560550)
+run z3_per_module --cases ds_z3_full_x1 --zero stage3_module_granularity_threshold=0 "${hf[@]}"
+run z3_layers --cases ds_z3_full_x1 "${hf[@]}"
 run plain --cases single_full_x1
-run z3_layers_compiled --cases ds_z3_full_x1 --compile-full
+run z3_layers_compiled --cases ds_z3_full_x1 --compile-full "${hf[@]}"
 run plain_compiled --cases single_full_x1 --compile-full
-run z3_layers_compiled_buckets --cases ds_z3_full_x1 --compile-full \
-    --zero reduce_bucket_size=500000000 --zero stage3_prefetch_bucket_size=500000000
+# tunesmith's defaults: layers whole, compiled, 5e8-element buckets
+run z3_default --cases ds_z3_full_x1 --compile-full

@@ -195,10 +195,14 @@ def test_zero3_gathers_each_decoder_layer_whole(threshold, tmp_path, monkeypatch
     t = load_config(overrides={"deepspeed": str(path), "per_device_train_batch_size": 1,
                                "finetuning_type": "full"}).training
     model = build_model()
+    n = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
     s = DeepSpeedStrategy(DistContext(), t)
     s.wrap(model, NextTokenObjective())
     s.attach_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
     layers = decoder_layers(model)
+    # "auto" buckets: DeepSpeed's 5e8 elements, at most the model (this one is tiny)
+    sizes = s.conf["zero_optimization"]
+    assert sizes["reduce_bucket_size"] == sizes["stage3_prefetch_bucket_size"] == n < 5e8
     hooked_inside = [hasattr(layer.mlp.down_proj, "ds_id") for layer in layers]
     if threshold is None:
         assert s.fetch_units == len(layers) == 2

@@ -5,7 +5,8 @@ and the hardware give, each with the reason, and what actually ran (`LeverStats`
                                           varlen FlashAttention present
                                -> sdpa    otherwise (its flash backend on CUDA)
     torch_compile: auto -> on             CUDA training of an architecture in
-                                          COMPILE_CLEAN_MODEL_TYPES (not under DeepSpeed)
+                                          COMPILE_CLEAN_MODEL_TYPES (under DeepSpeed
+                                          only the layers' forward: hooks stay outside)
                         -> off            otherwise (CPU runs stay eager)
 """
 
@@ -121,8 +122,6 @@ def plan_compile(plan: SpeedPlan, cfg: Config, device: torch.device, model_type:
         plan.compile, plan.compile_reason = False, (
             "auto: selective recompute runs eager on a GPU (inductor mutates the tensors it "
             "keeps)")
-    elif cfg.training.deepspeed:
-        plan.compile, plan.compile_reason = False, "auto: DeepSpeed runs stay eager"
     elif model_type not in COMPILE_CLEAN_MODEL_TYPES:
         plan.compile, plan.compile_reason = False, (
             f"auto: {model_type!r} is not on the list of architectures known to compile "
