@@ -28,3 +28,4 @@ run z3_layers_compiled --cases ds_z3_full_x1 --compile-full "${hf[@]}"
 run plain_compiled --cases single_full_x1 --compile-full
 # tunesmith's defaults: layers whole, compiled, 5e8-element buckets
 run z3_default --cases ds_z3_full_x1 --compile-full
+python3 bench/zero3_report.py "$out"

@@ -171,11 +171,12 @@ def test_single_process_handoff_just_builds(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("threshold", [None, 0])
-def test_zero3_gathers_each_decoder_layer_whole(threshold, tmp_path, monkeypatch):
+@pytest.mark.parametrize("threshold,frozen", [(None, False), (0, False), (None, True)])
+def test_zero3_gathers_each_decoder_layer_whole(threshold, frozen, tmp_path, monkeypatch):
     """ZeRO-3 hooks each decoder layer, not the Linears and norms inside it (one gather
     and one gradient reduction per layer); a JSON that sets DeepSpeed's own
-    stage3_module_granularity_threshold keeps DeepSpeed's grouping."""
+    stage3_module_granularity_threshold keeps DeepSpeed's grouping, and so do layers with
+    frozen weights (their whole-layer backward lost a weight under 2 ranks)."""
     pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
     import json
 
@@ -195,16 +196,19 @@ def test_zero3_gathers_each_decoder_layer_whole(threshold, tmp_path, monkeypatch
     t = load_config(overrides={"deepspeed": str(path), "per_device_train_batch_size": 1,
                                "finetuning_type": "full"}).training
     model = build_model()
+    if frozen:
+        model.model.layers[0].mlp.down_proj.weight.requires_grad_(False)
     n = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
     s = DeepSpeedStrategy(DistContext(), t)
     s.wrap(model, NextTokenObjective())
-    s.attach_optimizer(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    s.attach_optimizer(torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                         lr=1e-3))
     layers = decoder_layers(model)
     # "auto" buckets: DeepSpeed's 5e8 elements, at most the model (this one is tiny)
     sizes = s.conf["zero_optimization"]
     assert sizes["reduce_bucket_size"] == sizes["stage3_prefetch_bucket_size"] == n < 5e8
     hooked_inside = [hasattr(layer.mlp.down_proj, "ds_id") for layer in layers]
-    if threshold is None:
+    if threshold is None and not frozen:
         assert s.fetch_units == len(layers) == 2
         assert all(getattr(layer, "_z3_leaf", False) for layer in layers)
         assert not any(hooked_inside)  # the layer is DeepSpeed's unit: nothing below it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +24,7 @@ from tunesmith.train.summary import suggestions
 from tunesmith.train.throughput import steady_state, warmup_steps
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+DS = str(Path(__file__).resolve().parents[1] / "examples" / "deepspeed") + "/"
 
 
 def _cfg(**keys):
@@ -50,8 +52,14 @@ def test_attention_resolution(keys, device, expected):
     ({}, CUDA, "qwen2", True),
     ({}, CPU, "qwen2", False),  # CPU runs stay eager by default
     ({}, CUDA, "some_new_arch", False),
-    # DeepSpeed compiles too (each layer's forward, ZeRO-3's hooks outside the graph)
-    ({"deepspeed": "ds.json"}, CUDA, "llama", True),
+    # DeepSpeed compiles too (each layer's forward, ZeRO-3's hooks outside the graph),
+    # except where ZeRO-3 hooks modules inside the layers (frozen weights: LoRA, freeze)
+    ({"deepspeed": "ds.json"}, CUDA, "llama", True),  # unreadable: load_ds_config says why
+    ({"deepspeed": DS + "ds_z3_config.json", "finetuning_type": "full"}, CUDA, "llama", True),
+    ({"deepspeed": DS + "ds_z3_config.json", "finetuning_type": "lora"}, CUDA, "llama", False),
+    ({"deepspeed": DS + "ds_z3_config.json", "finetuning_type": "freeze"}, CUDA, "qwen2",
+     False),
+    ({"deepspeed": DS + "ds_z2_config.json", "finetuning_type": "lora"}, CUDA, "llama", True),
     ({"torch_compile": True}, CPU, "some_new_arch", True),
     ({"torch_compile": False}, CUDA, "llama", False),
     # selective recompute keeps tensors inductor mutates: eager on a GPU, compiled on CPU

@@ -139,7 +139,12 @@ def mark_layer_fetch_units(ds: Any, model: torch.nn.Module, zero: dict[str, Any]
     """ZeRO-3 gathers each decoder layer's parameters in one go and reduces its gradients
     when the layer's backward ends (DeepSpeed's "leaf module"), instead of hooking every
     Linear and norm inside it: ~12x fewer hooks, fetches and gradient buckets per layer,
-    for one layer's weights in memory at a time (what FSDP2 holds too). A JSON that sets
+    for one layer's weights in memory at a time (what FSDP2 holds too).
+
+    Only where every layer is trained whole (full fine-tuning): a layer with frozen
+    weights (LoRA, freeze tuning) gathered as one unit had a weight released before its
+    backward used it (DeepSpeed 0.19.8, 2 ranks: "size of tensor a (0) must match"), so
+    those keep DeepSpeed's per-module hooks. A JSON that sets
     stage3_module_granularity_threshold chooses DeepSpeed's own grouping (0: none).
     Returns how many layers were marked."""
     if "stage3_module_granularity_threshold" in zero:
@@ -150,10 +155,28 @@ def mark_layer_fetch_units(ds: Any, model: torch.nn.Module, zero: dict[str, Any]
         layers = decoder_layers(model)
     except ConfigError:
         return 0  # no .layers list: DeepSpeed hooks every module, as it does by default
+    if not all(p.requires_grad for layer in layers for p in layer.parameters()):
+        log.info("deepspeed: ZeRO-3 hooks each module (decoder layers with frozen weights)")
+        return 0
     for layer in layers:
         ds.utils.set_z3_leaf_module(layer, True)
     log.info("deepspeed: ZeRO-3 gathers each of the %d decoder layers whole", len(layers))
     return len(layers)
+
+
+def layers_gathered_whole(cfg: TrainingConfig, finetuning_type: str) -> bool | None:
+    """Before the model exists: whether mark_layer_fetch_units will make whole layers the
+    ZeRO-3 unit (full fine-tuning, no granularity threshold in the JSON); None when the
+    JSON is not ZeRO-3 (no module hooks at all) or cannot be read (load_ds_config says
+    why later)."""
+    try:
+        zero = json.loads(Path(cfg.deepspeed).read_text(encoding="utf-8")).get(
+            "zero_optimization", {})
+        if int(zero.get("stage", 0)) != 3:
+            return None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return finetuning_type == "full" and "stage3_module_granularity_threshold" not in zero
 
 
 class DeepSpeedStrategy(Strategy):

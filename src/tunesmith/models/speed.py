@@ -6,7 +6,8 @@ and the hardware give, each with the reason, and what actually ran (`LeverStats`
                                -> sdpa    otherwise (its flash backend on CUDA)
     torch_compile: auto -> on             CUDA training of an architecture in
                                           COMPILE_CLEAN_MODEL_TYPES (under DeepSpeed
-                                          only the layers' forward: hooks stay outside)
+                                          only the layers' forward, hooks outside; not
+                                          where ZeRO-3 hooks inside the layers)
                         -> off            otherwise (CPU runs stay eager)
 """
 
@@ -122,12 +123,23 @@ def plan_compile(plan: SpeedPlan, cfg: Config, device: torch.device, model_type:
         plan.compile, plan.compile_reason = False, (
             "auto: selective recompute runs eager on a GPU (inductor mutates the tensors it "
             "keeps)")
+    elif cfg.training.deepspeed and _zero3_hooks_inside_layers(cfg):
+        plan.compile, plan.compile_reason = False, (
+            "auto: ZeRO-3 hooks every module of a layer with frozen weights (LoRA, freeze), "
+            "which would break each compiled layer into pieces; torch_compile: true "
+            "compiles anyway")
     elif model_type not in COMPILE_CLEAN_MODEL_TYPES:
         plan.compile, plan.compile_reason = False, (
             f"auto: {model_type!r} is not on the list of architectures known to compile "
             "cleanly; torch_compile: true compiles it anyway")
     else:
         plan.compile, plan.compile_reason = True, f"auto: CUDA training of {model_type}"
+
+
+def _zero3_hooks_inside_layers(cfg: Config) -> bool:
+    from tunesmith.distributed.deepspeed import layers_gathered_whole
+
+    return layers_gathered_whole(cfg.training, cfg.finetuning.finetuning_type) is False
 
 
 def compiled_graphs() -> int:

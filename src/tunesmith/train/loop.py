@@ -146,8 +146,8 @@ class Trainer:
         return shard_step(chunk, self.ctx.rank, self.world)
 
     # ----- one optimizer step --------------------------------------------------------
-    def _autocast(self):
-        if self.amp_dtype is None:
+    def _autocast(self):  # DeepSpeed: its engine sets the precision (bf16/fp16 sections)
+        if self.amp_dtype is None or self.strategy.name == "deepspeed":
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
