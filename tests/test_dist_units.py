@@ -175,8 +175,9 @@ def test_single_process_handoff_just_builds(tmp_path):
 def test_zero3_gathers_each_decoder_layer_whole(threshold, frozen, tmp_path, monkeypatch):
     """ZeRO-3 hooks each decoder layer, not the Linears and norms inside it (one gather
     and one gradient reduction per layer); a JSON that sets DeepSpeed's own
-    stage3_module_granularity_threshold keeps DeepSpeed's grouping, and so do layers with
-    frozen weights (their whole-layer backward lost a weight under 2 ranks)."""
+    stage3_module_granularity_threshold keeps DeepSpeed's grouping. Layers with frozen
+    weights are whole too (tests/test_dist_equivalence.py's z3-freeze and
+    tests/test_pref_dist.py's LoRA z3 run them on 2 ranks)."""
     pytest.importorskip("deepspeed", reason="the deepspeed extra is not installed")
     import json
 
@@ -196,8 +197,9 @@ def test_zero3_gathers_each_decoder_layer_whole(threshold, frozen, tmp_path, mon
     t = load_config(overrides={"deepspeed": str(path), "per_device_train_batch_size": 1,
                                "finetuning_type": "full"}).training
     model = build_model()
-    if frozen:
+    if frozen:  # as LoRA leaves it: layer 0's input (the embeddings) needs no gradient
         model.model.layers[0].mlp.down_proj.weight.requires_grad_(False)
+        model.model.embed_tokens.weight.requires_grad_(False)
     n = sum(p.numel() for p in model.parameters())  # before ZeRO-3 partitions them
     s = DeepSpeedStrategy(DistContext(), t)
     s.wrap(model, NextTokenObjective())
@@ -208,7 +210,7 @@ def test_zero3_gathers_each_decoder_layer_whole(threshold, frozen, tmp_path, mon
     sizes = s.conf["zero_optimization"]
     assert sizes["reduce_bucket_size"] == sizes["stage3_prefetch_bucket_size"] == n < 5e8
     hooked_inside = [hasattr(layer.mlp.down_proj, "ds_id") for layer in layers]
-    if threshold is None and not frozen:
+    if threshold is None:
         assert s.fetch_units == len(layers) == 2
         assert all(getattr(layer, "_z3_leaf", False) for layer in layers)
         assert not any(hooked_inside)  # the layer is DeepSpeed's unit: nothing below it
@@ -220,7 +222,12 @@ def test_zero3_gathers_each_decoder_layer_whole(threshold, frozen, tmp_path, mon
     from tunesmith.data.encode import EncodedSample
 
     ids = np.array([3, 4, 5, 6, 7, 8], dtype=np.int32)
+    seen = []
+    layers[0].register_forward_hook(lambda m, args, out: seen.append(args[0].requires_grad))
     loss = s.loss_module(collate([EncodedSample(ids, ids.copy())], pad_id=0))
+    # a whole layer that trains gets an input that requires grad, so DeepSpeed's gradient
+    # hook on the layer fires after the layer's backward, not before it
+    assert seen == [True] if threshold is None else [not frozen]
     s.backward(loss)  # the layer-wise hooks gather and reduce without error
     assert torch.isfinite(loss)
 

@@ -52,13 +52,10 @@ def test_attention_resolution(keys, device, expected):
     ({}, CUDA, "qwen2", True),
     ({}, CPU, "qwen2", False),  # CPU runs stay eager by default
     ({}, CUDA, "some_new_arch", False),
-    # DeepSpeed compiles too (each layer's forward, ZeRO-3's hooks outside the graph),
-    # except where ZeRO-3 hooks modules inside the layers (frozen weights: LoRA, freeze)
+    # DeepSpeed compiles too (each layer's forward, ZeRO-3's hooks outside the graph)
     ({"deepspeed": "ds.json"}, CUDA, "llama", True),  # unreadable: load_ds_config says why
     ({"deepspeed": DS + "ds_z3_config.json", "finetuning_type": "full"}, CUDA, "llama", True),
-    ({"deepspeed": DS + "ds_z3_config.json", "finetuning_type": "lora"}, CUDA, "llama", False),
-    ({"deepspeed": DS + "ds_z3_config.json", "finetuning_type": "freeze"}, CUDA, "qwen2",
-     False),
+    ({"deepspeed": DS + "ds_z3_config.json", "finetuning_type": "lora"}, CUDA, "llama", True),
     ({"deepspeed": DS + "ds_z2_config.json", "finetuning_type": "lora"}, CUDA, "llama", True),
     ({"torch_compile": True}, CPU, "some_new_arch", True),
     ({"torch_compile": False}, CUDA, "llama", False),
@@ -73,6 +70,18 @@ def test_compile_resolution(keys, device, model_type, expected):
     plan = plan_attention(cfg, device)
     plan_compile(plan, cfg, device, model_type)
     assert plan.compile is expected and plan.compile_reason
+
+
+def test_auto_compile_stays_off_where_zero3_hooks_inside_the_layers(tmp_path):
+    """A JSON with DeepSpeed's own stage3_module_granularity_threshold hooks modules inside
+    each layer: a compiled layer would break at every hook, so auto stays eager."""
+    path = tmp_path / "z3.json"
+    path.write_text(json.dumps({"zero_optimization": {
+        "stage": 3, "stage3_module_granularity_threshold": 0}}))
+    cfg = _cfg(deepspeed=str(path), finetuning_type="full")
+    plan = plan_attention(cfg, CUDA)
+    plan_compile(plan, cfg, CUDA, "llama")
+    assert plan.compile is False and "stage3_module_granularity_threshold" in plan.compile_reason
 
 
 @pytest.mark.parametrize("keys,mode", [

@@ -139,13 +139,15 @@ def mark_layer_fetch_units(ds: Any, model: torch.nn.Module, zero: dict[str, Any]
     """ZeRO-3 gathers each decoder layer's parameters in one go and reduces its gradients
     when the layer's backward ends (DeepSpeed's "leaf module"), instead of hooking every
     Linear and norm inside it: ~12x fewer hooks, fetches and gradient buckets per layer,
-    for one layer's weights in memory at a time (what FSDP2 holds too).
-
-    Only where every layer is trained whole (full fine-tuning): a layer with frozen
-    weights (LoRA, freeze tuning) gathered as one unit had a weight released before its
-    backward used it (DeepSpeed 0.19.8, 2 ranks: "size of tensor a (0) must match"), so
-    those keep DeepSpeed's per-module hooks. A JSON that sets
+    for one layer's weights in memory at a time (what FSDP2 holds too). A JSON that sets
     stage3_module_granularity_threshold chooses DeepSpeed's own grouping (0: none).
+
+    DeepSpeed reduces a leaf's gradients from a full backward hook on the layer, and such
+    a hook fires before the layer's own backward when its input needs no gradient (the
+    first layer under LoRA, the first trained layer under freeze tuning): the end of
+    backward then released the layer's weights before they were used (DeepSpeed 0.19.8,
+    2 ranks: "size of tensor a (0) must match"). So a layer that trains anything gets an
+    input that requires grad (`_input_requires_grad`), which costs one input gradient.
     Returns how many layers were marked."""
     if "stage3_module_granularity_threshold" in zero:
         return 0
@@ -155,20 +157,32 @@ def mark_layer_fetch_units(ds: Any, model: torch.nn.Module, zero: dict[str, Any]
         layers = decoder_layers(model)
     except ConfigError:
         return 0  # no .layers list: DeepSpeed hooks every module, as it does by default
-    if not all(p.requires_grad for layer in layers for p in layer.parameters()):
-        log.info("deepspeed: ZeRO-3 hooks each module (decoder layers with frozen weights)")
-        return 0
     for layer in layers:
         ds.utils.set_z3_leaf_module(layer, True)
+        if any(p.requires_grad for p in layer.parameters()):
+            layer.register_forward_pre_hook(_input_requires_grad, with_kwargs=True)
     log.info("deepspeed: ZeRO-3 gathers each of the %d decoder layers whole", len(layers))
     return len(layers)
 
 
-def layers_gathered_whole(cfg: TrainingConfig, finetuning_type: str) -> bool | None:
+def _input_requires_grad(layer: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+    """A detached copy of the layer's hidden states that requires grad, when grad is on
+    and they do not already (see mark_layer_fetch_units); registered before DeepSpeed's
+    own hooks, so they see it."""
+    if not torch.is_grad_enabled():
+        return None
+    if args and isinstance(args[0], torch.Tensor) and not args[0].requires_grad:
+        return (args[0].detach().requires_grad_(True), *args[1:]), kwargs
+    x = kwargs.get("hidden_states")
+    if isinstance(x, torch.Tensor) and not x.requires_grad:
+        return args, {**kwargs, "hidden_states": x.detach().requires_grad_(True)}
+    return None
+
+
+def layers_gathered_whole(cfg: TrainingConfig) -> bool | None:
     """Before the model exists: whether mark_layer_fetch_units will make whole layers the
-    ZeRO-3 unit (full fine-tuning, no granularity threshold in the JSON); None when the
-    JSON is not ZeRO-3 (no module hooks at all) or cannot be read (load_ds_config says
-    why later)."""
+    ZeRO-3 unit (no granularity threshold in the JSON); None when the JSON is not ZeRO-3
+    (no module hooks at all) or cannot be read (load_ds_config says why later)."""
     try:
         zero = json.loads(Path(cfg.deepspeed).read_text(encoding="utf-8")).get(
             "zero_optimization", {})
@@ -176,7 +190,7 @@ def layers_gathered_whole(cfg: TrainingConfig, finetuning_type: str) -> bool | N
             return None
     except (OSError, ValueError, TypeError, AttributeError):
         return None
-    return finetuning_type == "full" and "stage3_module_granularity_threshold" not in zero
+    return "stage3_module_granularity_threshold" not in zero
 
 
 class DeepSpeedStrategy(Strategy):

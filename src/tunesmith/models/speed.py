@@ -125,9 +125,9 @@ def plan_compile(plan: SpeedPlan, cfg: Config, device: torch.device, model_type:
             "keeps)")
     elif cfg.training.deepspeed and _zero3_hooks_inside_layers(cfg):
         plan.compile, plan.compile_reason = False, (
-            "auto: ZeRO-3 hooks every module of a layer with frozen weights (LoRA, freeze), "
-            "which would break each compiled layer into pieces; torch_compile: true "
-            "compiles anyway")
+            "auto: the DeepSpeed JSON sets stage3_module_granularity_threshold, so ZeRO-3 "
+            "hooks modules inside the layers, which would break each compiled layer into "
+            "pieces; torch_compile: true compiles anyway")
     elif model_type not in COMPILE_CLEAN_MODEL_TYPES:
         plan.compile, plan.compile_reason = False, (
             f"auto: {model_type!r} is not on the list of architectures known to compile "
@@ -139,7 +139,7 @@ def plan_compile(plan: SpeedPlan, cfg: Config, device: torch.device, model_type:
 def _zero3_hooks_inside_layers(cfg: Config) -> bool:
     from tunesmith.distributed.deepspeed import layers_gathered_whole
 
-    return layers_gathered_whole(cfg.training, cfg.finetuning.finetuning_type) is False
+    return layers_gathered_whole(cfg.training) is False
 
 
 def compiled_graphs() -> int:
