@@ -20,6 +20,10 @@ Cases (each a fresh process group; the 2-process ones under torchrun):
     ddp_lora  x1, x2   LoRA r16 alpha 32 on q,k,v,o,gate,up,down; micro-batch 4 x 2048
     fsdp_full x2       FSDP2 full fine-tuning, bf16 params / fp32 master and reduce, AdamW
     ds_z3_full x2      DeepSpeed ZeRO-3 full fine-tuning (when deepspeed is importable)
+    single_full x1, ds_z3_full x1
+                       one GPU: ZeRO-3's own cost against the plain loop (bench/z3_sweep.sh;
+                       --layers N shortens the model so full fine-tuning fits, --zero
+                       KEY=JSON sets a zero_optimization entry, --profile STEPS)
 
 The model is Qwen2.5-7B-shaped (hidden 3584, intermediate 18944, 28 layers, 28 heads,
 4 KV heads, vocab 152064, untied), built from its config with random weights on the GPU:
@@ -392,7 +396,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile-full", action="store_true", help="compile full fine-tuning too")
     p.add_argument("--case-timeout", type=float, default=170.0)
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
-                   help="profile this many steps after the warm-up (torch.profiler tables)")
+                   help="profile this many steps after the warm-up (torch.profiler tables); "
+                   "they fall inside the timed steps, so time in a run without it")
     p.add_argument("--layers", type=int, default=0, help="decoder layers (0: the shape's 28)")
     p.add_argument("--zero", action="append", default=[], metavar="KEY=JSON",
                    help="set a zero_optimization entry of the ZeRO-3 JSON (repeatable)")

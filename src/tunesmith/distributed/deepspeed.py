@@ -205,7 +205,8 @@ class DeepSpeedStrategy(Strategy):
 
     def wrap(self, model: torch.nn.Module, objective: Any) -> None:
         hidden = int(getattr(model.config, "hidden_size", 0) or 0)
-        count = sum(p.numel() for p in model.parameters())
+        # ds_numel: a parameter ZeRO-3 has already partitioned reports numel() 0
+        count = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
         zero = self.conf["zero_optimization"]
         for key, size in SIZED_BY_MODEL.items():
             if zero.get(key) == "auto":
