@@ -17,7 +17,9 @@ say two different things, and `models/speed.py` resolves them into one plan.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from tunesmith.config.fields import opt
@@ -138,3 +140,18 @@ def resolve_speed_aliases(cfg: Config) -> None:
     so every later reader (the loop, hints, the summary, config.resolved.yaml) sees it."""
     cfg.training.gradient_checkpointing = checkpointing_mode(cfg)
     cfg.speed.use_reentrant_gc = reentrant(cfg.speed)
+
+
+def zero3_layers_whole(deepspeed: str) -> bool | None:
+    """Before the model exists: whether distributed/deepspeed.mark_layer_fetch_units will
+    make whole decoder layers the ZeRO-3 unit (the JSON at `deepspeed` sets no
+    stage3_module_granularity_threshold); None when the JSON is not ZeRO-3 (no module hooks
+    at all) or cannot be read (load_ds_config says why later)."""
+    try:
+        zero = json.loads(Path(deepspeed).read_text(encoding="utf-8")).get(
+            "zero_optimization", {})
+        if int(zero.get("stage", 0)) != 3:
+            return None
+    except (OSError, ValueError, TypeError, AttributeError):
+        return None
+    return "stage3_module_granularity_threshold" not in zero

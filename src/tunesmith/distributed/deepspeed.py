@@ -179,20 +179,6 @@ def _input_requires_grad(layer: torch.nn.Module, args: tuple, kwargs: dict) -> A
     return None
 
 
-def layers_gathered_whole(cfg: TrainingConfig) -> bool | None:
-    """Before the model exists: whether mark_layer_fetch_units will make whole layers the
-    ZeRO-3 unit (no granularity threshold in the JSON); None when the JSON is not ZeRO-3
-    (no module hooks at all) or cannot be read (load_ds_config says why later)."""
-    try:
-        zero = json.loads(Path(cfg.deepspeed).read_text(encoding="utf-8")).get(
-            "zero_optimization", {})
-        if int(zero.get("stage", 0)) != 3:
-            return None
-    except (OSError, ValueError, TypeError, AttributeError):
-        return None
-    return "stage3_module_granularity_threshold" not in zero
-
-
 class DeepSpeedStrategy(Strategy):
     def __init__(self, ctx: DistContext, cfg: TrainingConfig):
         super().__init__("deepspeed", ctx, cfg)

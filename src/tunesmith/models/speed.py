@@ -137,9 +137,9 @@ def plan_compile(plan: SpeedPlan, cfg: Config, device: torch.device, model_type:
 
 
 def _zero3_hooks_inside_layers(cfg: Config) -> bool:
-    from tunesmith.distributed.deepspeed import layers_gathered_whole
+    from tunesmith.config.speed import zero3_layers_whole
 
-    return layers_gathered_whole(cfg.training) is False
+    return zero3_layers_whole(cfg.training.deepspeed) is False
 
 
 def compiled_graphs() -> int:
