@@ -32,11 +32,12 @@ def _fresh_dynamo(monkeypatch):
     torch._dynamo.reset()
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled,tuning", [(False, "full"), (True, "full"),
+                                             (True, "lora")])
 def test_zero3_on_one_gpu_follows_the_plain_run(tmp_path, tiny_llama_dir, alpaca_file,
-                                                compiled):
+                                                compiled, tuning):
     pytest.importorskip("deepspeed", reason="carry deepspeed as wheels (bench/z3_sweep.sh)")
-    keys = dict(finetuning_type="full", bf16=True, torch_compile=compiled, max_grad_norm=1.0)
+    keys = dict(finetuning_type=tuning, bf16=True, torch_compile=compiled, max_grad_norm=1.0)
     plain = run_train(tmp_path / "plain", tiny_llama_dir, alpaca_file, **keys)
     z3 = run_train(tmp_path / "z3", tiny_llama_dir, alpaca_file, deepspeed=str(Z3), **keys)
     sp = z3["speed"]
