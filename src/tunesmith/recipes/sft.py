@@ -225,10 +225,9 @@ def _run_sft(cfg: Config, build_stage: StageBuilder) -> dict[str, Any]:
         if cfg.method.pissa_convert:
             save_pissa_converted(model, out)
         speed = speed_report(plan, started, trainer.throughput.first_step_end, graphs_before)
-        speed["compile_cache"] = cache.report() if cache is not None else None
-        speed["lagged_steps"] = trainer.lagged  # no host sync per step (train/lagged.py)
-        # ZeRO-3: decoder layers gathered whole (distributed/deepspeed.py); None: not ZeRO-3
-        speed["zero3_whole_layers"] = getattr(trainer.strategy, "fetch_units", None)
+        speed.update(compile_cache=cache.report() if cache is not None else None,
+                     lagged_steps=trainer.lagged,  # no host sync per step (train/lagged.py)
+                     zero3_whole_layers=getattr(trainer.strategy, "fetch_units", None))
         summary = write_summary(out, cfg, result, data.report, device, speed=speed)
     barrier(ctx)
     return summary
