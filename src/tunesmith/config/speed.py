@@ -142,11 +142,17 @@ def resolve_speed_aliases(cfg: Config) -> None:
     cfg.speed.use_reentrant_gc = reentrant(cfg.speed)
 
 
+def zero3_layers_whole_in(zero: dict) -> bool:
+    """Whether ZeRO-3 takes whole decoder layers as its unit, given the JSON's
+    zero_optimization section: unless it sets stage3_module_granularity_threshold, which
+    hands the grouping to DeepSpeed (distributed/deepspeed.mark_layer_fetch_units)."""
+    return "stage3_module_granularity_threshold" not in zero
+
+
 def zero3_layers_whole(deepspeed: str) -> bool | None:
-    """Before the model exists: whether distributed/deepspeed.mark_layer_fetch_units will
-    make whole decoder layers the ZeRO-3 unit (the JSON at `deepspeed` sets no
-    stage3_module_granularity_threshold); None when the JSON is not ZeRO-3 (no module hooks
-    at all) or cannot be read (load_ds_config says why later)."""
+    """zero3_layers_whole_in for the JSON at `deepspeed`, before the model exists; None
+    when it is not ZeRO-3 (no module hooks at all) or cannot be read (load_ds_config says
+    why later)."""
     try:
         zero = json.loads(Path(deepspeed).read_text(encoding="utf-8")).get(
             "zero_optimization", {})
@@ -154,4 +160,4 @@ def zero3_layers_whole(deepspeed: str) -> bool | None:
             return None
     except (OSError, ValueError, TypeError, AttributeError):
         return None
-    return "stage3_module_granularity_threshold" not in zero
+    return zero3_layers_whole_in(zero)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from tunesmith.config.schema import TrainingConfig
+from tunesmith.config.speed import zero3_layers_whole_in
 from tunesmith.distributed.context import DistContext
 from tunesmith.distributed.strategy import LossModule, Strategy
 from tunesmith.errors import ConfigError, TrainingError
@@ -149,7 +150,7 @@ def mark_layer_fetch_units(ds: Any, model: torch.nn.Module, zero: dict[str, Any]
     2 ranks: "size of tensor a (0) must match"). So a layer that trains anything gets an
     input that requires grad (`_input_requires_grad`), which costs one input gradient.
     Returns how many layers were marked."""
-    if "stage3_module_granularity_threshold" in zero:
+    if not zero3_layers_whole_in(zero):
         return 0
     from tunesmith.distributed.strategy import decoder_layers
 

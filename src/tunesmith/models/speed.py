@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tunesmith.config.schema import Config
-from tunesmith.config.speed import FLASH_TO_ATTENTION
+from tunesmith.config.speed import FLASH_TO_ATTENTION, zero3_layers_whole
 from tunesmith.errors import ConfigError
 from tunesmith.kernels.attention import VARLEN_ATTENTION, varlen_kernel_available
 
@@ -123,7 +123,7 @@ def plan_compile(plan: SpeedPlan, cfg: Config, device: torch.device, model_type:
         plan.compile, plan.compile_reason = False, (
             "auto: selective recompute runs eager on a GPU (inductor mutates the tensors it "
             "keeps)")
-    elif cfg.training.deepspeed and _zero3_hooks_inside_layers(cfg):
+    elif cfg.training.deepspeed and zero3_layers_whole(cfg.training.deepspeed) is False:
         plan.compile, plan.compile_reason = False, (
             "auto: the DeepSpeed JSON sets stage3_module_granularity_threshold, so ZeRO-3 "
             "hooks modules inside the layers, which would break each compiled layer into "
@@ -134,12 +134,6 @@ def plan_compile(plan: SpeedPlan, cfg: Config, device: torch.device, model_type:
             "cleanly; torch_compile: true compiles it anyway")
     else:
         plan.compile, plan.compile_reason = True, f"auto: CUDA training of {model_type}"
-
-
-def _zero3_hooks_inside_layers(cfg: Config) -> bool:
-    from tunesmith.config.speed import zero3_layers_whole
-
-    return zero3_layers_whole(cfg.training.deepspeed) is False
 
 
 def compiled_graphs() -> int:
