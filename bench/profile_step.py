@@ -7,13 +7,15 @@ LoRA r16 on all projections, profiled with torch.profiler after warm-up.
 
 Writes profile.json (GPU time per kernel family, peak memory, tokens/s) and profile.md (the
 top kernels). Options: --fused-lora-mlp auto|false, --checkpointing false|true|offload,
---compile / --no-compile.
+--compile / --no-compile, --mlp-chunks N, --memory (one more step under torch's allocator history: what is
+alive at the step's peak, grouped by where it was allocated, in memory.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import linecache
 import sys
 import time
 from collections import defaultdict
@@ -50,6 +52,12 @@ def build_system(opts, device):
     system = tunesmith_system(base, lora=True, checkpointing=opts.checkpointing,
                               compile=opts.compile, varlen=device.type == "cuda",
                               workdir=Path(opts.work), extra=overrides, lagged=opts.lagged)
+    if opts.mlp_chunks:  # the fused MLP's backward in this many token blocks
+        from tunesmith.kernels.fused import FusedSwiGLUMLP
+
+        for module in system.model.modules():
+            if isinstance(module, FusedSwiGLUMLP):
+                module.backward_chunks = opts.mlp_chunks
     if not opts.pack:  # the fused MLP with gate and up as separate GEMMs (before packing)
         from tunesmith.kernels.fused import FusedSwiGLUMLP
 
@@ -72,6 +80,10 @@ def main(argv=None) -> int:
                     help="steps without a host sync, as `tunesmith train` runs them")
     ap.add_argument("--pack", action=argparse.BooleanOptionalAction, default=True,
                     help="gate and up of the fused LoRA MLP as one GEMM")
+    ap.add_argument("--mlp-chunks", type=int, default=0,
+                    help="token blocks of the fused MLP's backward (default: as the mode sets)")
+    ap.add_argument("--memory", action="store_true",
+                    help="also write memory.md: what is alive at one step's peak")
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--steps", type=int, default=3)
     opts = ap.parse_args(argv)
@@ -103,7 +115,71 @@ def main(argv=None) -> int:
             torch.cuda.synchronize()
     wall = time.perf_counter() - start
     report(opts, prof, wall, rows * length * opts.steps, cuda, plain_s)
+    if opts.memory and cuda:
+        memory_at_peak(system, batches[opts.warmup], Path(opts.out))
     return 0
+
+
+def _site(frames: list[dict]) -> str:
+    """Where an allocation was made: the innermost frames in tunesmith, transformers, peft
+    or a compiled graph's generated code (torch's own frames are skipped)."""
+    keep = []
+    for f in frames:
+        name = f.get("filename", "")
+        if any(k in name for k in ("tunesmith", "transformers/", "peft/", "torchinductor_")):
+            short = name.rsplit("/", 2)
+            site = f"{'/'.join(short[-2:])}:{f.get('line')} {f.get('name')}"
+            if "torchinductor_" in name:  # generated code: its line shows the buffer's shape
+                site += " " + linecache.getline(name, f.get("line", 0)).strip()[:90]
+            keep.append(site)
+        if len(keep) == 2:
+            break
+    return " <- ".join(keep) or "(torch internals)"
+
+
+def _replay(events: list[dict], upto: int):
+    """Replay allocations and frees up to event `upto`: with upto = all, (peak bytes, index of
+    the event that reached it); otherwise (bytes alive, the alloc events alive)."""
+    live: dict[int, dict] = {}
+    now = peak = at = 0
+    for i, ev in enumerate(events[:upto]):
+        if ev["action"] == "alloc":
+            live[ev["addr"]] = ev
+            now += ev["size"]
+            if now > peak:
+                peak, at = now, i
+        elif ev["action"] == "free_completed" and ev["addr"] in live:
+            now -= live.pop(ev["addr"])["size"]
+    return (peak, at) if upto == len(events) else (now, live)
+
+
+def memory_at_peak(system, batch, out: Path, top: int = 30) -> None:
+    """Run one step under the allocator's history and list the blocks alive at its highest
+    point, grouped by allocation site."""
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
+    system.step(batch)
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    torch.cuda.memory._record_memory_history(enabled=None)
+    events = [ev for trace in snap["device_traces"] for ev in trace]
+    peak, at = _replay(events, len(events))
+    _, peak_live = _replay(events, at + 1)
+    groups: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for size, site in ((ev["size"], _site(ev.get("frames", []))) for ev in peak_live.values()):
+        groups[site][0] += size
+        groups[site][1] += 1
+    rows = sorted(groups.items(), key=lambda kv: -kv[1][0])
+    lines = ["# Memory at one step's peak", "",
+             f"allocated before the step (weights, optimizer state, kept buffers): "
+             f"{base / 1e9:.2f} GB; peak of the step over that: {peak / 1e9:.2f} GB; "
+             f"max_memory_allocated {torch.cuda.max_memory_allocated() / 1e9:.2f} GB", "",
+             "| MB | blocks | allocated at |", "|---:|---:|---|"]
+    lines += [f"| {size / 1e6:,.0f} | {n} | `{site}` |" for site, (size, n) in rows[:top]]
+    (out / "memory.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:20]))
 
 
 def idle_gaps(prof, min_us: float = 200.0) -> dict:

@@ -55,6 +55,57 @@ def test_varlen_without_boundaries_is_plain_causal_attention():
     assert row_cu_seqlens(2, 6, torch.device("cpu")).tolist() == [0, 6, 12]
 
 
+def _segment_attention(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
+    """A stand-in for torch's varlen kernel on CPU: grouped K/V shared by their Q heads."""
+    from tunesmith.kernels.attention import varlen_attention_reference
+
+    groups = q.shape[1] // k.shape[1]
+    return varlen_attention_reference(q.float(), k.float().repeat_interleave(groups, 1),
+                                      v.float().repeat_interleave(groups, 1), cu_q,
+                                      kw.get("scale")).to(q.dtype)
+
+
+def _tiled_kv_heads(q, k, v, *a, **kw):  # mis-reads grouped K/V: Q head h takes h % Hkv
+    groups = q.shape[1] // k.shape[1]
+    return _segment_attention(q, k.repeat(1, groups, 1), v.repeat(1, groups, 1), *a, **kw)
+
+
+def _refuses_grouped(q, k, *a, **kw):
+    if q.shape[1] != k.shape[1]:
+        raise RuntimeError("Expect query and key/value to have the same number of heads")
+    return _segment_attention(q, k, *a, **kw)
+
+
+@pytest.mark.parametrize("kernel,native", [(_segment_attention, True),
+                                           (_tiled_kv_heads, False),
+                                           (_refuses_grouped, False)])
+def test_grouped_kv_reach_the_kernel_unexpanded_only_when_it_takes_them(monkeypatch, kernel,
+                                                                       native):
+    """The probe says whether the kernel takes K/V with fewer heads than Q (its answer must
+    come from the results); when it does, K and V reach the kernel with their own heads (no
+    expanded copies kept for backward), else expanded."""
+    from tunesmith.kernels import attention
+
+    heads_seen = []
+
+    def recording(q, k, *a, **kw):
+        heads_seen.append(k.shape[1])
+        return kernel(q, k, *a, **kw)
+
+    monkeypatch.setattr(attention, "_FLASH", {"kernel": recording,
+                                              "params": frozenset({"scale", "window_size"})})
+    assert attention._probe_native_gqa("cpu") is native
+    attention._FLASH["native_gqa"] = native
+    heads_seen.clear()
+    q, k, v = torch.randn(12, 4, 8), torch.randn(12, 2, 8), torch.randn(12, 2, 8)
+    cu = torch.tensor([0, 5, 12], dtype=torch.int32)
+    out = attention._flash_varlen(q, k, v, cu, 7, 0.3)
+    assert heads_seen == [2 if native else 4]
+    ref = attention.varlen_attention_reference(q, k, v, cu, 0.3)
+    if kernel is not _tiled_kv_heads:
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_fused_modules_match_originals(arch):
     model = build_model(arch).eval()

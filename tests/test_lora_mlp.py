@@ -38,11 +38,11 @@ def _grads(model, ids) -> tuple[float, dict[str, torch.Tensor]]:
                          if p.requires_grad}
 
 
-@pytest.mark.parametrize("pack", [True, False])
-def test_fused_matches_peft_loss_and_every_adapter_gradient(pack):
+@pytest.mark.parametrize("pack,chunks", [(True, 1), (False, 1), (True, 5)])
+def test_fused_matches_peft_loss_and_every_adapter_gradient(pack, chunks):
     ref = _lora_model()
     fused = copy.deepcopy(ref)
-    assert fuse_lora_mlps(fused, pack=pack) == 2
+    assert fuse_lora_mlps(fused, pack=pack, backward_chunks=chunks) == 2
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(1))
     LORA_MLP_CALLS.clear()
     loss_ref, grads_ref = _grads(ref, ids)
@@ -108,6 +108,46 @@ def test_non_plain_lora_keeps_the_modules_forward(change):
     gate, up = mlp.gate_proj(x), mlp.up_proj(x)
     torch.testing.assert_close(wrapped(x), mlp.down_proj(torch.nn.functional.silu(gate) * up))
     assert LORA_MLP_CALLS["eager"] == 0
+
+
+class _WidestRows(torch.utils._python_dispatch.TorchDispatchMode):
+    """The most rows of any [rows, INTER] tensor an op makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.dim() == 2 and t.shape[1] == INTER:
+                self.rows = max(self.rows, t.shape[0])
+        return out
+
+
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_backward_in_token_blocks_holds_a_block_of_intermediates(chunks):
+    """In blocks, the backward's [tokens, I] temporaries (dh, h, d_gate, d_up) are made for
+    one block of tokens at a time."""
+    model = _lora_model()
+    fuse_lora_mlps(model, backward_chunks=chunks)
+    mlp = model.get_base_model().model.layers[0].mlp
+    out = mlp(torch.randn(2, 24, HIDDEN, requires_grad=True))  # 48 tokens; RANK rows < 12
+    with _WidestRows() as widest:
+        out.sum().backward()
+    assert widest.rows == 48 // chunks
+
+
+@pytest.mark.parametrize("mode,chunks", [("false", 1), ("selective", 1), ("true", 4),
+                                         ("offload", 4)])
+def test_recompute_modes_run_the_mlp_backward_in_blocks(mode, chunks):
+    from tunesmith.models.acceleration import apply_fused_lora_mlp
+
+    model = _lora_model()
+    n, reason = apply_fused_lora_mlp(model, "auto", "lora", "", mode)
+    mlps = [layer.mlp for layer in model.get_base_model().model.layers]
+    assert n == 2 and [m.backward_chunks for m in mlps] == [chunks, chunks]
+    assert ("token blocks" in reason) == (chunks > 1)
 
 
 def test_traces_as_one_graph():

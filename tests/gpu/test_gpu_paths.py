@@ -53,6 +53,30 @@ def test_varlen_flash_matches_reference_bf16(monkeypatch):
         assert _rel(mine.grad.transpose(1, 2).reshape(theirs.shape), theirs.grad) < 2e-2
 
 
+def test_varlen_flash_keeps_grouped_kv_unexpanded():
+    """On this torch the flash kernel takes Qwen2.5-7B's 4 K/V heads for 28 Q heads as they
+    are: backward keeps Q and the output at 28 heads, K and V at 4 (not expanded copies)."""
+    from tunesmith.kernels import attention
+
+    assert attention.native_gqa(), (
+        f"torch {torch.__version__}: the varlen kernel did not take grouped K/V in the probe")
+    n = 4096
+    q = torch.randn(1, 28, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(1, 4, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(1, 4, n, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    saved = []
+
+    def pack(t):
+        saved.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        varlen_attention_forward(torch.nn.Module(), q, k, v, None, scaling=128 ** -0.5)
+    full = [s for s in saved if torch.Size(s).numel() == n * 28 * 128]
+    grouped = [s for s in saved if torch.Size(s).numel() == n * 4 * 128]
+    assert len(full) == 2 and len(grouped) == 2, saved
+
+
 def test_chunked_cross_entropy_bf16():
     torch.manual_seed(0)
     h = torch.randn(4096, 1024, device="cuda", dtype=torch.bfloat16, requires_grad=True)

@@ -80,6 +80,7 @@ class FusedSwiGLUMLP(torch.nn.Module):
         self.gate_proj, self.up_proj, self.down_proj = mlp.gate_proj, mlp.up_proj, mlp.down_proj
         self.use_liger = use_liger and liger_ops() is not None
         self.fuse_lora = fuse_lora
+        self.backward_chunks = 1  # token blocks of the packed path's backward
         self.original = (mlp,)  # a tuple: not a submodule (no second copy in state dicts)
         # frozen weights packed with adapter slots (pack_gate_up, pack_down); not saved, not
         # broadcast
@@ -123,7 +124,8 @@ class FusedSwiGLUMLP(torch.nn.Module):
                 if not torch.compiler.is_compiling():
                     LORA_MLP_CALLS["packed" if self.packed_gate_up is not None else "eager"] += 1
                 if self.packed_gate_up is not None:
-                    return lora_swiglu_packed(x, self.packed_gate_up, self.packed_down, *parts)
+                    return lora_swiglu_packed(x, self.packed_gate_up, self.packed_down, *parts,
+                                              backward_chunks=self.backward_chunks)
                 return lora_swiglu(x, *parts)
         gate, up = self.gate_proj(x), self.up_proj(x)
         if self.use_liger and liger_runs_on(x):
@@ -171,10 +173,11 @@ def swap_fused_modules(model: torch.nn.Module, use_liger: bool) -> int:
     return swapped
 
 
-def fuse_lora_mlps(model: torch.nn.Module, pack: bool = True) -> int:
+def fuse_lora_mlps(model: torch.nn.Module, pack: bool = True, backward_chunks: int = 1) -> int:
     """Turn on the fused LoRA path of every SwiGLU MLP whose three projections are plain LoRA
     layers (swapping in FusedSwiGLUMLP where liger has not already); returns how many. With
-    `pack`, gate and up share one weight buffer and run as one GEMM (`pack_gate_up`)."""
+    `pack`, gate and up share one weight buffer and run as one GEMM (`pack_gate_up`), whose
+    backward runs over `backward_chunks` token blocks."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     names = FUSABLE.get(getattr(base.config, "model_type", ""))
     if names is None or getattr(base.config, "hidden_act", "silu") != "silu":
@@ -190,6 +193,7 @@ def fuse_lora_mlps(model: torch.nn.Module, pack: bool = True) -> int:
             child = FusedSwiGLUMLP(child, use_liger=False)
             setattr(parent, child_name, child)
         child.fuse_lora = True
+        child.backward_chunks = backward_chunks
         if pack:
             child.pack()
         fused += 1

@@ -223,16 +223,23 @@ def apply_fused_kernels(model: torch.nn.Module, use_liger: bool) -> int:
     return n
 
 
+# Token blocks of the fused MLP's backward when layers are recomputed: the memory-first
+# modes, where its [tokens, I] temporaries are the largest thing a layer's backward holds.
+RECOMPUTE_MLP_CHUNKS = 4
+
+
 def apply_fused_lora_mlp(model: torch.nn.Module, mode: str, finetuning_type: str,
-                         sharded_by: str) -> tuple[int, str]:
+                         sharded_by: str, checkpointing: str = "false") -> tuple[int, str]:
     """`fused_lora_mlp`: (MLPs switched to the fused LoRA function, the reason). `sharded_by`
     names DeepSpeed/FSDP when they hold the weights: their per-module gathering would not see
-    the fused function's direct use of the weights, so the modules' own forward stays."""
+    the fused function's direct use of the weights, so the modules' own forward stays. With
+    whole-layer recompute (`true`, `offload`) their backward runs in token blocks."""
     if mode == "false":
         return 0, "fused_lora_mlp: false"
     blocker = ("finetuning_type is not lora" if finetuning_type != "lora" else
                f"{sharded_by} gathers weights per module" if sharded_by else "")
-    n = 0 if blocker else fuse_lora_mlps(model)
+    chunks = RECOMPUTE_MLP_CHUNKS if checkpointing in ("true", "offload") else 1
+    n = 0 if blocker else fuse_lora_mlps(model, backward_chunks=chunks)
     if n == 0 and not blocker:
         blocker = ("no SwiGLU MLP with plain LoRA on gate_proj, up_proj and down_proj (they "
                    "need lora_target to include all three, lora_dropout 0, no DoRA, an "
@@ -240,6 +247,7 @@ def apply_fused_lora_mlp(model: torch.nn.Module, mode: str, finetuning_type: str
     if mode == "true" and blocker:
         raise ConfigError(f"fused_lora_mlp: true cannot be applied: {blocker}; set "
                           "fused_lora_mlp: auto or false")
-    reason = f"{n} MLP(s) fused" if n else f"off: {blocker}"
+    reason = (f"{n} MLP(s) fused" + (f", backward in {chunks} token blocks" if chunks > 1
+                                      else "")) if n else f"off: {blocker}"
     log.info("fused_lora_mlp: %s", reason)
     return n, reason

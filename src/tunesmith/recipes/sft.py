@@ -287,7 +287,8 @@ def apply_speed_settings(model: torch.nn.Module, cfg: Config,
         apply_fused_kernels(model, use_liger=True)
     sharded_by = "DeepSpeed" if cfg.training.deepspeed else "FSDP" if cfg.training.fsdp else ""
     plan.stats.fused_lora_mlps, plan.stats.fused_lora_mlp_reason = apply_fused_lora_mlp(
-        model, cfg.speed.fused_lora_mlp, cfg.finetuning.finetuning_type, sharded_by)
+        model, cfg.speed.fused_lora_mlp, cfg.finetuning.finetuning_type, sharded_by,
+        plan.checkpointing)
     plan.stats.checkpointed_layers = enable_checkpointing(
         model, plan.checkpointing, reentrant=plan.reentrant, stats=plan.stats)
     model.config.use_cache = False
