@@ -162,3 +162,51 @@ def test_checkpointing_modes_give_same_gradients_and_recompute(mode):
         assert ops["mm"] > ref_ops["mm"] and ops[SDPA_CPU] > 0
     if mode == "offload":  # the saved layer inputs went through the offload hooks and back
         assert offload.packed > 0 and offload.unpacked == offload.packed
+
+
+def _lora_bf16_model():
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(0)
+    model = get_peft_model(build_model("qwen2").to(torch.bfloat16),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj"]))
+    for name, p in model.named_parameters():
+        if "lora_" in name:
+            p.data = p.data.float()  # adapters in fp32 over a bf16 base, as the trainer has them
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.1)
+    return model
+
+
+def _saved_storages(model, ids) -> tuple[float, dict, set]:
+    storages = set()
+
+    def pack(t):
+        storages.add(t.untyped_storage().data_ptr())
+        return t
+
+    with torch.autocast("cpu", dtype=torch.bfloat16), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.item(), grads, storages
+
+
+def test_lora_inputs_skip_the_fp32_round_trip_under_autocast():
+    """Under autocast the adapters read the layer input as it is: the same loss and adapter
+    gradients, and backward keeps no cast copy of each adapted input."""
+    from tunesmith.models.acceleration import keep_lora_inputs_in_compute_dtype
+
+    ids = torch.randint(3, 300, (2, 16), generator=torch.Generator().manual_seed(0))
+    ref = _lora_bf16_model()
+    loss_ref, grads_ref, kept_ref = _saved_storages(ref, ids)
+    model = _lora_bf16_model()
+    assert keep_lora_inputs_in_compute_dtype(model) == 2 * len(model.base_model.model.model.layers)
+    loss, grads, kept = _saved_storages(model, ids)
+    assert loss == loss_ref and grads.keys() == grads_ref.keys()
+    for name, g in grads.items():
+        torch.testing.assert_close(g, grads_ref[name], rtol=0, atol=0, msg=name)
+    # backward keeps o_proj's input as attention saved it, not a cast copy: one storage fewer
+    # per layer (q_proj's input, the norm's output, is kept either way: once)
+    assert len(kept_ref) - len(kept) == len(model.base_model.model.model.layers)

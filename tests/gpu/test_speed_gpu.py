@@ -51,6 +51,7 @@ def test_defaults_pick_varlen_and_compile_on_gpu(tmp_path, tiny_llama_dir, alpac
     assert sp["compile"] and sp["compiled_graphs"] > 0 and sp["compile_fallback"] == ""
     assert sp["compiled_loss"]  # the loss chunks too, without a fallback
     assert sp["lagged_steps"] is True  # fused AdamW on CUDA: no host sync per step
+    assert sp["lora_inputs_uncast"] > 0  # bf16 autocast: no fp32 round trip of LoRA inputs
     assert summary["performance"]["steady_mfu"] is None or summary["performance"]["steady_mfu"] > 0
     # the device's peak is known on a data-centre GPU, so every step record with a rate
     # carries live MFU (the first step has no rate yet: it holds the compile warm-up)

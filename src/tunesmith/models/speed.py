@@ -44,6 +44,7 @@ class LeverStats:
     upcast_params: int = 0
     fused_lora_mlps: int = 0  # MLPs running the fused LoRA function (kernels/lora_mlp.py)
     fused_lora_mlp_reason: str = ""
+    lora_inputs_uncast: int = 0  # LoRA layers whose input skips PEFT's fp32 round trip
 
 
 @dataclass

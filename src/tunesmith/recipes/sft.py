@@ -39,6 +39,7 @@ from tunesmith.models.acceleration import (
     apply_fused_lora_mlp,
     compile_decoder_layers,
     enable_checkpointing,
+    keep_lora_inputs_in_compute_dtype,
     set_attention,
     set_tf32,
     upcast_norm_weights,
@@ -79,6 +80,7 @@ from tunesmith.train.launcher_env import apply_launcher_env
 from tunesmith.train.loop import Trainer
 from tunesmith.train.metrics import MetricsLog, plot_loss
 from tunesmith.train.run_setup import (
+    amp_dtype,
     build_objective,
     check_run_keys,
     check_wrap_class,
@@ -289,6 +291,9 @@ def apply_speed_settings(model: torch.nn.Module, cfg: Config,
     plan.stats.fused_lora_mlps, plan.stats.fused_lora_mlp_reason = apply_fused_lora_mlp(
         model, cfg.speed.fused_lora_mlp, cfg.finetuning.finetuning_type, sharded_by,
         plan.checkpointing)
+    if device.type == "cuda" and not cfg.training.deepspeed and \
+            amp_dtype(cfg.training, device) is not None:  # the trainer autocasts every pass
+        plan.stats.lora_inputs_uncast = keep_lora_inputs_in_compute_dtype(model)
     plan.stats.checkpointed_layers = enable_checkpointing(
         model, plan.checkpointing, reentrant=plan.reentrant, stats=plan.stats)
     model.config.use_cache = False
