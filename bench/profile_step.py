@@ -86,6 +86,8 @@ def main(argv=None) -> int:
                     help="gate and up of the fused LoRA MLP as one GEMM")
     ap.add_argument("--mlp-chunks", type=int, default=0,
                     help="token blocks of the fused MLP's backward (default: as the mode sets)")
+    ap.add_argument("--memory-budget", type=float, default=1.0,
+                    help="torch._functorch activation_memory_budget for compiled layers")
     ap.add_argument("--no-lora-cast", action="store_true",
                     help="LoRA inputs stay in the autocast dtype (experiment)")
     ap.add_argument("--memory", action="store_true",
@@ -96,6 +98,10 @@ def main(argv=None) -> int:
     cuda = torch.cuda.is_available() and not opts.tiny
     device = torch.device("cuda" if cuda else "cpu")
     opts.compile = opts.compile and cuda
+    if opts.memory_budget < 1.0:  # the partitioner recomputes more to keep less (experiment)
+        import torch._functorch.config as functorch_config
+
+        functorch_config.activation_memory_budget = opts.memory_budget
     system, vocab = build_system(opts, device)
     rows, length = (4, 2048) if cuda else (2, 64)
     samples = make_samples([length] * rows * (opts.warmup + 2 * opts.steps), vocab, seed=0)
