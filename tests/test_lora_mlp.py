@@ -88,6 +88,57 @@ def test_backward_keeps_inputs_gate_and_up_only(pack):
     assert _saved_bytes(mlp, x) >= kept + tokens * f32 * INTER  # PEFT keeps h as well
 
 
+def _layer_saved_bytes(layer: torch.nn.Module, x: torch.Tensor, rotary) -> int:
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params and ptr != x.untyped_storage().data_ptr():
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    pos = torch.arange(x.shape[1])[None]
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y = layer(x, position_embeddings=rotary(x, pos), position_ids=pos)
+    (y[0] if isinstance(y, tuple) else y).sum().backward()
+    return sum(seen.values())
+
+
+def test_packed_mlp_runs_the_post_attention_norm_and_keeps_the_residual():
+    """The decoder layer's post-attention RMSNorm runs inside the packed function: the layer
+    passes the residual through (NormInMLP), backward keeps that residual and a [tokens, 1]
+    rstd where it kept the normed x, and every gradient stays PEFT's."""
+    ref = _lora_model()
+    fused = copy.deepcopy(ref)
+    fuse_lora_mlps(fused)
+    layer = fused.get_base_model().model.layers[0]
+    assert type(layer.post_attention_layernorm).__name__ == "NormInMLP"
+    assert layer.post_attention_layernorm.weight is layer.mlp.deferred_norm[0].weight
+    x = torch.randn(3, 16, HIDDEN, requires_grad=True)
+    rotary = fused.get_base_model().model.rotary_emb
+    LORA_MLP_CALLS.clear()
+    deferred = _layer_saved_bytes(layer, x, rotary)
+    layer.mlp.restore_norm()  # still packed, the norm in the layer again
+    assert type(layer.post_attention_layernorm).__name__ == "Qwen2RMSNorm"
+    in_layer = _layer_saved_bytes(layer, x, rotary)
+    assert LORA_MLP_CALLS["packed"] == 2
+    tokens, f32 = 3 * 16, 4
+    # in the layer: the norm kept its input (the residual) and rstd, the MLP the normed x
+    assert in_layer - deferred == tokens * f32 * HIDDEN
+
+
+def test_mlp_paths_off_the_packed_function_still_run_the_norm():
+    """Adapters disabled (a reference pass of preference training), the MLP's own path
+    applies the deferred norm: the same logits as the unfused model."""
+    ref = _lora_model()
+    fused = copy.deepcopy(ref)
+    fuse_lora_mlps(fused)
+    ids = torch.randint(0, 128, (2, 8))
+    with ref.disable_adapter(), fused.disable_adapter():
+        torch.testing.assert_close(fused(input_ids=ids).logits, ref(input_ids=ids).logits)
+
+
 @pytest.mark.parametrize("change", ["dropout", "dora", "merged", "disabled", "not_lora"])
 def test_non_plain_lora_keeps_the_modules_forward(change):
     model = _lora_model(**({"lora_dropout": 0.1} if change == "dropout" else
@@ -202,6 +253,8 @@ def test_restore_puts_the_models_own_mlps_back():
     assert restore_mlps(model) == 2
     layers = model.get_base_model().model.layers
     assert all(type(layer.mlp).__name__ == "Qwen2MLP" for layer in layers)
+    assert all(type(layer.post_attention_layernorm).__name__ == "Qwen2RMSNorm"
+               for layer in layers)  # and the norm the packed MLP ran
     assert lora_parts(layers[0].mlp.gate_proj) is not None  # the LoRA layers moved back too
     torch.testing.assert_close(model(input_ids=ids).logits, before)
 

@@ -81,6 +81,9 @@ class FusedSwiGLUMLP(torch.nn.Module):
         self.use_liger = use_liger and liger_ops() is not None
         self.fuse_lora = fuse_lora
         self.backward_chunks = 1  # token blocks of the packed path's backward
+        # (norm, decoder layer) when the layer's post-attention RMSNorm runs in this module
+        # (`defer_norm`): not submodules, the layer keeps the norm's weight under its name
+        self.deferred_norm: tuple = ()
         self.original = (mlp,)  # a tuple: not a submodule (no second copy in state dicts)
         # frozen weights packed with adapter slots (pack_gate_up, pack_down); not saved, not
         # broadcast
@@ -116,7 +119,27 @@ class FusedSwiGLUMLP(torch.nn.Module):
         if self.packed_down is not None and down is not None:
             refresh_down(self.packed_down, down.a)
 
+    def defer_norm(self, layer: torch.nn.Module) -> bool:
+        """Run `layer.post_attention_layernorm` here instead of in the layer (which then
+        passes the residual stream straight to this module): the packed path's backward
+        keeps the residual instead of the normed x. Only for a frozen Llama-style RMSNorm
+        whose output feeds nothing but this MLP (the decoder layers of `FUSABLE`)."""
+        norm = getattr(layer, "post_attention_layernorm", None)
+        if self.deferred_norm or self.packed_gate_up is None or norm is None \
+                or type(norm).__name__ not in _DEFERRABLE_NORMS or norm.weight.requires_grad:
+            return False
+        layer.post_attention_layernorm = NormInMLP(norm.weight)
+        self.deferred_norm = (norm, layer)
+        return True
+
+    def restore_norm(self) -> None:
+        if self.deferred_norm:
+            norm, layer = self.deferred_norm
+            layer.post_attention_layernorm = norm
+            self.deferred_norm = ()
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = self.deferred_norm[0] if self.deferred_norm else None
         if self.fuse_lora:
             parts = (lora_parts(self.gate_proj), lora_parts(self.up_proj),
                      lora_parts(self.down_proj))
@@ -124,13 +147,30 @@ class FusedSwiGLUMLP(torch.nn.Module):
                 if not torch.compiler.is_compiling():
                     LORA_MLP_CALLS["packed" if self.packed_gate_up is not None else "eager"] += 1
                 if self.packed_gate_up is not None:
+                    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
                     return lora_swiglu_packed(x, self.packed_gate_up, self.packed_down, *parts,
-                                              backward_chunks=self.backward_chunks)
-                return lora_swiglu(x, *parts)
+                                              backward_chunks=self.backward_chunks,
+                                              norm=(norm.weight, eps) if norm else None)
+                return lora_swiglu(norm(x) if norm is not None else x, *parts)
+        if norm is not None:  # any other path (adapters off, unpacked) runs the norm first
+            x = norm(x)
         gate, up = self.gate_proj(x), self.up_proj(x)
         if self.use_liger and liger_runs_on(x):
             return self.down_proj(liger_ops()["silu_mul"].apply(gate, up))
         return self.down_proj(F.silu(gate) * up)
+
+
+class NormInMLP(torch.nn.Module):
+    """Stands in a decoder layer for a post-attention RMSNorm that its FusedSwiGLUMLP runs
+    (`FusedSwiGLUMLP.defer_norm`): passes the residual stream through, and holds the norm's
+    weight under the norm's name, so state dicts and exports are unchanged."""
+
+    def __init__(self, weight: torch.nn.Parameter):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return hidden_states
 
 
 # model_type -> (RMSNorm class name, MLP class name) whose modules can be swapped
@@ -145,6 +185,10 @@ FUSABLE: dict[str, tuple[str, str]] = {
     "qwen2_5_vl": ("Qwen2_5_VLRMSNorm", "Qwen2MLP"),
     "qwen3_vl": ("Qwen3VLTextRMSNorm", "Qwen3VLTextMLP"),
 }
+
+
+# RMSNorms computing rms_norm_reference exactly (normalise in fp32, scale in the input dtype)
+_DEFERRABLE_NORMS = {names[0] for names in FUSABLE.values()} | {"FusedRMSNorm"}
 
 
 def _children(model: torch.nn.Module) -> list[tuple[torch.nn.Module, str, torch.nn.Module]]:
@@ -194,8 +238,8 @@ def fuse_lora_mlps(model: torch.nn.Module, pack: bool = True, backward_chunks: i
             setattr(parent, child_name, child)
         child.fuse_lora = True
         child.backward_chunks = backward_chunks
-        if pack:
-            child.pack()
+        if pack and child.pack():
+            child.defer_norm(parent)
         fused += 1
     if fused and pack:
         _refresh_before_each_pass(base)
@@ -239,6 +283,7 @@ def restore_mlps(model: torch.nn.Module) -> int:
             module._tunesmith_packed_mlps = []
     for parent, child_name, child in _children(model):
         if isinstance(child, FusedSwiGLUMLP):
+            child.restore_norm()
             child.unpack()
             original = child.original[0]
             original.gate_proj, original.up_proj = child.gate_proj, child.up_proj

@@ -242,8 +242,13 @@ def unpack_weights(*modules: torch.nn.Module) -> None:
 class _LoraSwiGLUPacked(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, packed, bias, gate_a, gate_b, up_a, up_b, packed_down, down_bias,
-                down_a, down_b, scales, dtype, chunks):
+                down_a, down_b, scales, dtype, chunks, norm_w, eps):
         inter, hidden = gate_b.shape[0], x.shape[1]
+        res = rstd = None
+        if norm_w is not None:  # x is the residual stream: the layer's RMSNorm runs here
+            res = x
+            rstd = torch.rsqrt(res.float().pow(2).mean(-1, keepdim=True) + eps)  # [N, 1]
+            x = norm_w * (res.float() * rstd).to(res.dtype)
         x = x.to(dtype)
         a = torch.cat([gate_a, up_a]).to(dtype)  # [rg + ru, H]
         col_scale = torch.cat([x.new_full((gate_a.shape[0],), scales[0]),
@@ -258,37 +263,63 @@ class _LoraSwiGLUPacked(torch.autograd.Function):
         y = _plus(hd[:, :out], ha @ down_b.to(dtype).t(), scales=(1.0, scales[2]))
         if down_bias is not None:
             y = y + down_bias.to(dtype)
-        ctx.save_for_backward(x, xs, gu, ha, packed, gate_a, up_a, packed_down, down_a, down_b)
-        ctx.meta = (inter, hidden, scales, gate_b.dtype, chunks)
+        # with the norm inside, the residual and its [N, 1] rstd are kept, not the normed x
+        ctx.save_for_backward(x if res is None else res, xs, gu, ha, packed, gate_a, up_a,
+                              packed_down, down_a, down_b, norm_w, rstd)
+        ctx.meta = (inter, hidden, scales, gate_b.dtype, chunks, dtype)
         return y
 
     @staticmethod
     def backward(ctx, dy):
-        x, xs, gu, ha, packed, gate_a, up_a, packed_down, down_a, down_b = ctx.saved_tensors
-        inter, hidden, scales, b_dtype, chunks = ctx.meta
+        (x, xs, gu, ha, packed, gate_a, up_a, packed_down, down_a, down_b, norm_w,
+         rstd) = ctx.saved_tensors
+        inter, hidden, scales, b_dtype, chunks, dtype = ctx.meta
         rg = gate_a.shape[0]
-        dy = dy.to(x.dtype)
-        a = torch.cat([gate_a, up_a]).to(x.dtype)
-        col_scale = torch.cat([x.new_full((rg,), scales[0]),
-                               x.new_full((up_a.shape[0],), scales[1])])
-        dxa_down = (dy @ down_b.to(x.dtype)) * scales[2]  # [N, rd]
+        dy = dy.to(dtype)
+        a = torch.cat([gate_a, up_a]).to(dtype)
+        col_scale = torch.cat([dy.new_full((rg,), scales[0]),
+                               dy.new_full((up_a.shape[0],), scales[1])])
+        dxa_down = (dy @ down_b.to(dtype)) * scales[2]  # [N, rd]
         grad_down_b = ((dy.t() @ ha) * scales[2]).to(down_b.dtype)
         need_dx = ctx.needs_input_grad[0]
         # token chunks: the [n, I] temporaries (dh, h, d_gate, d_up) exist for one chunk at a
         # time; the adapters' gradients are summed over chunks in fp32
-        parts = [torch.tensor_split(t, chunks) for t in (dy, dxa_down, gu, x, xs)]
+        per_row = (dy, dxa_down, gu, x, xs) + ((rstd,) if norm_w is not None else ())
+        parts = [torch.tensor_split(t, chunks) for t in per_row]
         dx, sums = [], None
-        for dy_c, dxa_c, gu_c, x_c, xs_c in zip(*parts, strict=True):
+        for dy_c, dxa_c, gu_c, x_c, xs_c, *rstd_c in zip(*parts, strict=True):
+            res_c = x_c
+            if norm_w is not None:
+                x_c = _norm_again(res_c, rstd_c[0], norm_w, dtype)
             dx_c, grads = _packed_backward_rows(
                 dy_c, dxa_c, gu_c, x_c, xs_c, packed, packed_down, a, col_scale, inter,
                 hidden, rg, need_dx)
+            if norm_w is not None and need_dx:
+                dx_c = _norm_backward(dx_c, res_c, rstd_c[0], norm_w)
             sums = grads if sums is None else [s + g for s, g in zip(sums, grads, strict=True)]
             dx.append(dx_c)
         grad_down_a, grad_a, grad_gate_b, grad_up_b = sums
         dx = (dx[0] if chunks == 1 else torch.cat(dx)) if need_dx else None
         return (dx, None, None, grad_a[:rg].to(gate_a.dtype), grad_gate_b.to(b_dtype),
                 grad_a[rg:].to(up_a.dtype), grad_up_b.to(b_dtype), None, None,
-                grad_down_a.to(down_a.dtype), grad_down_b, None, None, None)
+                grad_down_a.to(down_a.dtype), grad_down_b, None, None, None, None, None)
+
+
+def _norm_again(res: torch.Tensor, rstd: torch.Tensor, weight: torch.Tensor,
+                dtype: torch.dtype) -> torch.Tensor:
+    """The forward's RMSNorm output from the kept residual and rstd. The product is written
+    in another order than the forward's: compiled, the joint graph's CSE would otherwise merge
+    the two, and the partitioner could keep the forward's normed x after all."""
+    return (weight * (rstd * res.float()).to(res.dtype)).to(dtype)
+
+
+def _norm_backward(dx: torch.Tensor, res: torch.Tensor, rstd: torch.Tensor,
+                   weight: torch.Tensor) -> torch.Tensor:
+    """d residual from d normed-x through y = w * (r * rstd), frozen w: rstd (g - r^ mean(g
+    r^)) with g = dy w and r^ = r * rstd, in fp32."""
+    g = dx.float() * weight.float()
+    unit = rstd * res.float()
+    return (rstd * (g - unit * (g * unit).mean(-1, keepdim=True))).to(res.dtype)
 
 
 def _packed_backward_rows(dy, dxa_down, gu, x, xs, packed, packed_down, a, col_scale,
@@ -316,11 +347,16 @@ def _packed_backward_rows(dy, dxa_down, gu, x, xs, packed, packed_down, a, col_s
 
 def lora_swiglu_packed(x: torch.Tensor, packed: torch.Tensor, packed_down: torch.Tensor,
                        gate: LoraParts, up: LoraParts, down: LoraParts,
-                       backward_chunks: int = 1) -> torch.Tensor:
+                       backward_chunks: int = 1,
+                       norm: tuple[torch.Tensor, float] | None = None) -> torch.Tensor:
     """`lora_swiglu` with gate and up in one packed buffer (`pack_gate_up`) and down in
     another (`pack_down`), both refreshed from the adapters. `backward_chunks` > 1 runs the
     backward over that many token blocks: its [tokens, I] temporaries shrink by that factor
-    (4 of them: 1.2 GB at 8,192 tokens of Qwen2.5-7B as one block, 0.3 GB in four)."""
+    (4 of them: 1.2 GB at 8,192 tokens of Qwen2.5-7B as one block, 0.3 GB in four).
+
+    `norm` = (weight, eps) of a frozen Llama-style RMSNorm that `x` (then the residual
+    stream) goes through first: backward keeps the residual and a [tokens, 1] rstd instead of
+    the normed x, which it recomputes (one [tokens, H] tensor less per layer)."""
     if any(p.bias is not None and p.bias.requires_grad for p in (gate, up, down)):
         raise ValueError("lora_swiglu: trainable base biases are not supported")
     dtype = compute_dtype(x, gate.weight)
@@ -330,5 +366,5 @@ def lora_swiglu_packed(x: torch.Tensor, packed: torch.Tensor, packed_down: torch
         y = _LoraSwiGLUPacked.apply(flat, packed, bias, gate.a, gate.b, up.a, up.b, packed_down,
                                     down.bias, down.a, down.b,
                                     (gate.scale, up.scale, down.scale), dtype,
-                                    max(1, backward_chunks))
+                                    max(1, backward_chunks), *(norm or (None, 0.0)))
     return y.reshape(*x.shape[:-1], y.shape[-1])
