@@ -58,10 +58,6 @@ def build_system(opts, device):
         for module in system.model.modules():
             if isinstance(module, FusedSwiGLUMLP):
                 module.backward_chunks = opts.mlp_chunks
-    if opts.no_lora_cast:  # PEFT's cast of each LoRA input to the adapters' fp32 (experiment)
-        for module in system.model.modules():
-            if hasattr(module, "cast_input_dtype_enabled"):
-                module.cast_input_dtype_enabled = False
     if not opts.pack:  # the fused MLP with gate and up as separate GEMMs (before packing)
         from tunesmith.kernels.fused import FusedSwiGLUMLP
 
@@ -88,8 +84,6 @@ def main(argv=None) -> int:
                     help="token blocks of the fused MLP's backward (default: as the mode sets)")
     ap.add_argument("--memory-budget", type=float, default=1.0,
                     help="torch._functorch activation_memory_budget for compiled layers")
-    ap.add_argument("--no-lora-cast", action="store_true",
-                    help="LoRA inputs stay in the autocast dtype (experiment)")
     ap.add_argument("--memory", action="store_true",
                     help="also write memory.md: what is alive at one step's peak")
     ap.add_argument("--warmup", type=int, default=4)

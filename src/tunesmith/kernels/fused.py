@@ -147,10 +147,9 @@ class FusedSwiGLUMLP(torch.nn.Module):
                 if not torch.compiler.is_compiling():
                     LORA_MLP_CALLS["packed" if self.packed_gate_up is not None else "eager"] += 1
                 if self.packed_gate_up is not None:
-                    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
                     return lora_swiglu_packed(x, self.packed_gate_up, self.packed_down, *parts,
                                               backward_chunks=self.backward_chunks,
-                                              norm=(norm.weight, eps) if norm else None)
+                                              norm=_norm_args(norm))
                 return lora_swiglu(norm(x) if norm is not None else x, *parts)
         if norm is not None:  # any other path (adapters off, unpacked) runs the norm first
             x = norm(x)
@@ -158,6 +157,12 @@ class FusedSwiGLUMLP(torch.nn.Module):
         if self.use_liger and liger_runs_on(x):
             return self.down_proj(liger_ops()["silu_mul"].apply(gate, up))
         return self.down_proj(F.silu(gate) * up)
+
+
+def _norm_args(norm: torch.nn.Module | None) -> tuple[torch.Tensor, float] | None:
+    if norm is None:
+        return None
+    return norm.weight, getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
 
 
 class NormInMLP(torch.nn.Module):
