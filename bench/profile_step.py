@@ -49,6 +49,8 @@ def build_system(opts, device):
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     base = build_model(shape, device, dtype)
     overrides = {"fused_lora_mlp": opts.fused_lora_mlp}
+    if opts.attention:  # otherwise varlen on a GPU, as before
+        overrides["attn_implementation"] = opts.attention
     system = tunesmith_system(base, lora=True, checkpointing=opts.checkpointing,
                               compile=opts.compile, varlen=device.type == "cuda",
                               workdir=Path(opts.work), extra=overrides, lagged=opts.lagged)
@@ -75,6 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tiny", action="store_true")
     ap.add_argument("--fused-lora-mlp", default="auto", choices=["auto", "true", "false"])
     ap.add_argument("--checkpointing", default="false")
+    ap.add_argument("--attention", default="",
+                    help="attn_implementation (sdpa, cudnn, varlen; default varlen on a GPU)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--lagged", action=argparse.BooleanOptionalAction, default=True,
                     help="steps without a host sync, as `tunesmith train` runs them")

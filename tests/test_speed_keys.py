@@ -40,7 +40,7 @@ def _cfg(**keys):
     ({"flash_attn": "disabled"}, CPU, "eager"),
     ({"flash_attn": "sdpa", "packing": True, "bf16": True}, CUDA, "sdpa"),
     ({"flash_attn": "fa2", "packing": True}, CPU, VARLEN_ATTENTION),  # the reference twin
-    ({"flash_attn": "fa3", "bf16": True}, CUDA, "sdpa"),  # SDPA's flash kernel, unpacked
+    ({"flash_attn": "fa3", "bf16": True}, CUDA, "sdpa"),  # SDPA's fused kernels, unpacked
     ({"flash_attn": "fa2", "attn_implementation": "varlen"}, CPU, VARLEN_ATTENTION),
     ({"attn_implementation": "eager", "packing": True, "bf16": True}, CUDA, "eager"),
 ])

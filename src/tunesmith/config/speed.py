@@ -6,8 +6,8 @@ say two different things, and `models/speed.py` resolves them into one plan.
 
     flash_attn: auto | disabled | sdpa | fa2 | fa3
         disabled -> eager; sdpa -> sdpa; fa2/fa3 -> the fastest flash kernel available
-        (torch's varlen FlashAttention for packed batches, SDPA's flash backend otherwise;
-        no flash-attn package needed)
+        (torch's varlen FlashAttention for packed batches, SDPA's fused kernels otherwise,
+        where torch picks cuDNN's or FlashAttention's; no flash-attn package needed)
     disable_gradient_checkpointing: true -> no recompute; false (LLaMA-Factory's default,
         written out) -> recompute every decoder layer
     use_unsloth_gc: recompute with the saved layer inputs parked in CPU memory (offload)
@@ -38,7 +38,8 @@ class SpeedConfig:
     flash_attn: FlashAttn = opt(
         "auto", "LLaMA-Factory's attention switch: auto (attn_implementation decides), "
         "disabled (eager), sdpa, fa2 or fa3 (the fastest flash kernel available: varlen "
-        "FlashAttention for packed batches, SDPA's flash kernel otherwise).", advanced=True)
+        "FlashAttention for packed batches, SDPA's fused kernels otherwise: torch picks "
+        "cuDNN's or FlashAttention's).", advanced=True)
     disable_gradient_checkpointing: TriState = opt(
         "", "LLaMA-Factory key: true turns recompute off; false (LLaMA-Factory's default, "
         "when written out) recomputes every decoder layer. Unset: gradient_checkpointing "

@@ -90,7 +90,9 @@ def resolve_attention(cfg: Config, device: torch.device) -> tuple[str, str]:
                         "the varlen reference twin" if packed else "sdpa")
         if packed:
             return VARLEN_ATTENTION, f"flash_attn: {cfg.speed.flash_attn} with packed batches"
-        return "sdpa", f"flash_attn: {cfg.speed.flash_attn} without packing: SDPA's flash kernel"
+        # on torch 2.11 with an H200, SDPA runs cuDNN's fused kernel here (its own choice)
+        return "sdpa", (f"flash_attn: {cfg.speed.flash_attn} without packing: SDPA's fused "
+                        "kernels (torch picks cuDNN's or FlashAttention's)")
     if requested == "auto":
         if packed and half and varlen_kernel_available():
             return VARLEN_ATTENTION, "auto: packed batches on a CUDA GPU in bf16/fp16"
