@@ -16,6 +16,7 @@ from webui_browser import (
     make_workspace,
     pick,
     pixels,
+    press_until,
     require_chromium,
     screenshot,
     serve,
@@ -108,8 +109,8 @@ def test_train_watch_stop_resume_then_chat(page):
                        "per_device_train_batch_size": "4", "learning_rate": "0.001",
                        "lora_rank": "4", "output_dir": "saves/ui-run"}.items():
         field(page, f"cfg-{key}").fill(value)
-    page.locator("#train-preview").click()
-    page.wait_for_function("document.querySelector('#train-yaml').innerText.includes('max_steps')")
+    press_until(page, "#train-preview",
+                "document.querySelector('#train-yaml').innerText.includes('max_steps')")
     yaml_text = page.locator("#train-yaml").inner_text()
     for line in ("model_name_or_path: models/tiny", "- data/train.json", "max_steps: 20000",
                  "output_dir: saves/ui-run", "lora_rank: 4"):

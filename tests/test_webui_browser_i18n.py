@@ -14,6 +14,7 @@ from webui_browser import (
     field,
     make_workspace,
     pick,
+    press_until,
     require_chromium,
     screenshot,
     serve,
@@ -85,9 +86,9 @@ def test_hardware_section_runs_two_processes_with_gloo(server):
         field(page, "hw-processes").fill("2")
         choose(page, "hw-strategy", "ddp")
         choose(page, "hw-backend", "gloo")
-        page.locator("#train-preview").click()
-        page.wait_for_function("document.querySelector('#train-cli textarea, #train-cli input')"
-                               ".value.startsWith('NPROC_PER_NODE=2 ')")
+        press_until(page, "#train-preview",
+                    "document.querySelector('#train-cli textarea, #train-cli input')"
+                    ".value.startsWith('NPROC_PER_NODE=2 ')")
         wait_text(page, "#train-yaml", "ddp_backend: gloo")
         screenshot(page, "train-hardware")
         page.locator("#train-start").click()

@@ -125,6 +125,21 @@ def choose(page, elem_id: str, value: str, attempts: int = 4) -> None:
     raise AssertionError(f"{elem_id}: could not pick {value!r} in {attempts} attempts")
 
 
+def press_until(page, selector: str, condition: str, arg=None, attempts: int = 3,
+                timeout_ms: int = 20_000) -> None:
+    """Click the button at `selector` until the JS `condition` (called with `arg`) holds. A
+    click that lands while a dropdown's list is closing only closes the list, so the press
+    is repeated (at most `attempts` times) rather than waited on for ever."""
+    for attempt in range(attempts):
+        page.locator(selector).click()
+        try:
+            page.wait_for_function(condition, arg=arg, timeout=timeout_ms)
+            return
+        except Exception:  # noqa: BLE001 - playwright's TimeoutError; retried, then raised
+            if attempt == attempts - 1:
+                raise
+
+
 def wait_text(page, selector: str, needle: str, timeout_ms: int = 20_000) -> None:
     """Wait until the element at `selector` shows `needle` in its text."""
     page.wait_for_function(
