@@ -32,7 +32,8 @@ def test_both_systems_get_the_same_keys(tmp_path, case):
     speed_keys = {"attn_implementation", "torch_compile", "flash_attn", "enable_liger_kernel",
                   "gradient_checkpointing", "disable_gradient_checkpointing"}
     extra = set(CASES[case]["tunesmith"]) if isinstance(CASES[case]["tunesmith"], dict) else set()
-    assert (set(ours) & speed_keys) == extra
+    assert (set(ours) & speed_keys) == extra & speed_keys
+    assert ours["packing"] == theirs["packing"]  # both pack, or neither
 
 
 def test_ratio_table_and_lf_mfu():

@@ -9,6 +9,8 @@ Unsloth's FastLanguageModel (16-bit LoRA) on the dense rows.
     dense          2048-token rows, no speed key    + liger, no recompute        no checkpointing
     cached         the natural run again (its compile warm-up from the cache), tunesmith only
     dense_recompute + gradient_checkpointing: offload + liger, recompute      "unsloth" (offloaded)
+    unpacked       the alpaca YAML with packing:    + liger, no recompute        -
+                   false (padded batches)
 
 Figures: steady-state non-pad tokens/s (warm-up steps left out), peak allocated GB, MFU
 (tunesmith's FLOP model, the same FLOPs per token for every system: same samples); `ratio` =
@@ -56,6 +58,11 @@ CASES: dict[str, dict[str, Any]] = {
     "dense_recompute": {"data": "dense", "tunesmith": {"gradient_checkpointing": "offload"},
                         "llamafactory": {"enable_liger_kernel": True},
                         "unsloth": {"gradient_checkpointing": "unsloth"}},
+    # LLaMA-Factory's default data path: batches padded to their longest row, whose length
+    # changes from step to step (kernels that build a plan per shape pay for each new one)
+    "unpacked": {"data": "alpaca", "tunesmith": {"packing": False},
+                 "llamafactory": {"packing": False, "enable_liger_kernel": True,
+                                  "disable_gradient_checkpointing": True}, "unsloth": None},
 }
 SYSTEMS = ("tunesmith", "llamafactory", "unsloth")
 # the order runs are made in, most telling first (a run that does not fit is skipped)
@@ -63,7 +70,8 @@ RUN_ORDER = [("tunesmith", "natural"), ("llamafactory", "best"), ("tunesmith", "
              ("llamafactory", "recompute"), ("tunesmith", "dense"), ("llamafactory", "dense"),
              ("llamafactory", "natural"), ("tunesmith", "cached"), ("unsloth", "dense"),
              ("tunesmith", "dense_recompute"), ("unsloth", "dense_recompute"),
-             ("llamafactory", "dense_recompute")]
+             ("llamafactory", "dense_recompute"), ("tunesmith", "unpacked"),
+             ("llamafactory", "unpacked")]
 SRC = Path(__file__).resolve().parents[2]
 
 
