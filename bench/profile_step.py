@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     ap.add_argument("--fused-lora-mlp", default="auto", choices=["auto", "true", "false"])
     ap.add_argument("--checkpointing", default="false")
     ap.add_argument("--attention", default="",
-                    help="attn_implementation (sdpa, cudnn, varlen; default varlen on a GPU)")
+                    help="attn_implementation (sdpa, eager, varlen; default varlen on a GPU)")
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--lagged", action=argparse.BooleanOptionalAction, default=True,
                     help="steps without a host sync, as `tunesmith train` runs them")
