@@ -57,12 +57,23 @@ def causal_flops(lengths: list[int], heads: int = HEADS, dim: int = DIM) -> floa
     return sum(4 * heads * dim * n * (n + 1) / 2 for n in lengths)
 
 
-def sdpa_kernel(backend: str, gqa: bool) -> Callable:
+def _backend(name: str):
     from torch.nn.attention import SDPBackend
+
+    return {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+            "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[name]
+
+
+def _offsets(lengths: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Segment boundaries [0, l0, l0 + l1, ...]."""
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=dtype,
+                        device=device)
+
+
+def sdpa_kernel(backend: str, gqa: bool) -> Callable:
     from torch.nn.attention import sdpa_kernel as ctx
 
-    which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
-             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}[backend]
+    which = _backend(backend)
 
     def run(q, k, v, _lengths):  # [B, H, T, D]
         if not gqa:
@@ -82,8 +93,7 @@ def varlen_kernel() -> Callable:
         return t.transpose(1, 2).reshape(-1, t.shape[1], t.shape[3])
 
     def run(q, k, v, lengths):
-        cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32,
-                          device=q.device)
+        cu = _offsets(lengths, torch.int32, q.device)
         out = _flash_varlen(flat(q), flat(k), flat(v), cu, max(lengths), None)
         b, h, t, d = q.shape
         return out.reshape(b, t, h, d).transpose(1, 2)
@@ -93,14 +103,12 @@ def varlen_kernel() -> Callable:
 def njt_kernel(backend: str) -> Callable:
     """SDPA over a nested jagged tensor (one component per segment) under one backend; K/V
     expanded (grouped K/V is not taken for nested inputs)."""
-    from torch.nn.attention import SDPBackend
     from torch.nn.attention import sdpa_kernel as ctx
 
-    which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
+    which = _backend(backend)
 
     def run(q, k, v, lengths):  # [1, H, N, D]
-        offsets = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(),
-                               dtype=torch.int64, device=q.device)
+        offsets = _offsets(lengths, torch.int64, q.device)
 
         def nest(t):  # [1, H, N, D] -> nested [S, H, j, D]
             t = t.repeat_interleave(q.shape[1] // t.shape[1], dim=1)[0].transpose(0, 1).contiguous()
