@@ -83,6 +83,10 @@ def test_lever_takes_effect(tmp_path, tiny_llama_dir, alpaca_file, attention, pa
     if not compiled:
         assert sp["layer_runs"] == (2 * forwards if recompute else 0)
     assert (sp["offloaded_mb"] > 0) == (checkpointing == "offload")
+    # offload: the frozen input embedding served every micro-batch from host memory
+    assert sp["input_embedding"].startswith("in host memory") == (checkpointing == "offload")
+    assert sp["embedding_staged"] == (STEPS if checkpointing == "offload" else 0)
+    assert sp["embedding_host_reads"] == 0
     assert sp["lora_inputs_uncast"] == 0  # CPU: no autocast, PEFT's casts are needed
     # compilation: layers compiled, graphs built, no fallback
     assert sp["compile"] == compiled and sp["compile_fallback"] == ""

@@ -67,8 +67,10 @@ def tunesmith_system(base: torch.nn.Module, *, lora: bool, checkpointing: str, c
 
 def _undo_speed_settings(base: torch.nn.Module) -> None:
     from tunesmith.kernels.fused import restore_mlps
+    from tunesmith.models.host_embedding import embedding_to_device
 
-    restore_mlps(base)  # the peers run on the model's own modules (liger patches those)
+    restore_mlps(base)
+    embedding_to_device(base)  # offload parked the frozen table in host memory  # the peers run on the model's own modules (liger patches those)
     for layer in base.get_decoder().layers:
         layer._compiled_call_impl = None
     if getattr(base, "is_gradient_checkpointing", False):

@@ -45,6 +45,7 @@ class LeverStats:
     fused_lora_mlps: int = 0  # MLPs running the fused LoRA function (kernels/lora_mlp.py)
     fused_lora_mlp_reason: str = ""
     lora_inputs_uncast: int = 0  # LoRA layers whose input skips PEFT's fp32 round trip
+    input_embedding: str = ""  # where the input embedding table lives, and why
 
 
 @dataclass
@@ -59,10 +60,14 @@ class SpeedPlan:
     tf32: bool = False
     upcast_layernorm: bool = False
     stats: LeverStats = field(default_factory=LeverStats)
+    host_embedding = None  # models.host_embedding's module (not a field: asdict copies)
 
     def report(self) -> dict[str, Any]:
         out = asdict(self)
         out.pop("stats")
+        host = self.host_embedding
+        out["embedding_staged"] = host.staged_hits if host is not None else 0
+        out["embedding_host_reads"] = host.host_reads if host is not None else 0
         return {**out, **asdict(self.stats)}
 
 

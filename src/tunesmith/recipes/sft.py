@@ -60,6 +60,7 @@ from tunesmith.models.processor import (
     save_processor_files,
 )
 from tunesmith.models.provision import resolve_model_path
+from tunesmith.models.host_embedding import embedding_to_host
 from tunesmith.models.speed import (
     CompileGuard,
     SpeedPlan,
@@ -294,6 +295,9 @@ def apply_speed_settings(model: torch.nn.Module, cfg: Config,
     if device.type == "cuda" and not cfg.training.deepspeed and \
             amp_dtype(cfg.training, device) is not None:  # the trainer autocasts every pass
         plan.stats.lora_inputs_uncast = keep_lora_inputs_in_compute_dtype(model)
+    plan.host_embedding, plan.stats.input_embedding = embedding_to_host(
+        model, plan.checkpointing, sharded=bool(sharded_by) or _several_ranks(),
+        vision=is_vision_language(model))
     plan.stats.checkpointed_layers = enable_checkpointing(
         model, plan.checkpointing, reentrant=plan.reentrant, stats=plan.stats)
     model.config.use_cache = False
@@ -304,6 +308,16 @@ def apply_speed_settings(model: torch.nn.Module, cfg: Config,
     use_compiled_loss(plan.compile and device.type == "cuda"
                       and plan.compile_backend == "inductor")
     return plan
+
+
+def _several_ranks() -> bool:
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def is_vision_language(model: torch.nn.Module) -> bool:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return hasattr(getattr(base, "model", None), "visual")
 
 
 def _open_compile_cache(cfg: Config, model: torch.nn.Module, plan: SpeedPlan

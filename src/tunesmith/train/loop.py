@@ -39,6 +39,7 @@ from tunesmith.distributed.sharding import Shard, shard_step, steps_in_plan
 from tunesmith.distributed.strategy import Strategy
 from tunesmith.errors import ConfigError, TrainingError
 from tunesmith.models.acceleration import activation_offload
+from tunesmith.models.host_embedding import find_host_embedding
 from tunesmith.train.best import BestTracker
 from tunesmith.train.cadence import evaluation_due, final_evaluation_due
 from tunesmith.train.lagged import PendingStep, lagged_steps_apply, settle_ready, step_on_device
@@ -125,6 +126,13 @@ class Trainer:
         self.eval_groups: dict[str, list[int]] = {}  # eval_on_each_dataset: name -> samples
         self.best = BestTracker(model, self.run_cfg, bool(val),
                                 self.strategy.name in ("fsdp", "deepspeed"))
+        self.host_embedding = find_host_embedding(model)  # offload: the table on the host
+
+    def _to_device(self, batch: Batch) -> Batch:
+        moved = batch.to(self.device)
+        if self.host_embedding is not None:  # gather its rows while the ids are on the host
+            self.host_embedding.stage(batch.input_ids, moved.input_ids)
+        return moved
 
     # ----- data position -------------------------------------------------------------
     def epoch_plan(self, epoch: int) -> list[list[int]]:
@@ -170,7 +178,7 @@ class Trainer:
             with self.strategy.micro_context(last=i == len(micro) - 1):
                 with self._autocast(), activation_offload(self.cfg.gradient_checkpointing,
                                                           self.device):
-                    loss_sum = self.strategy.loss_module(_with_live(batch.to(self.device),
+                    loss_sum = self.strategy.loss_module(_with_live(self._to_device(batch),
                                                                     ok))
                 scaled = loss_sum * (factor if ok else 0.0)  # a filler shard adds nothing
                 self.strategy.backward(self.scaler.scale(scaled) if self.scaler else scaled)
@@ -205,8 +213,8 @@ class Trainer:
         plan = [picks[i:i + bs] for i in range(0, len(picks), bs)]
         total, count = 0.0, 0
         for shard in shard_step(plan, self.ctx.rank, self.world):
-            batch = _with_live(collate([self.val[i] for i in shard.indices],
-                                       self.pad_id).to(self.device), shard.live)
+            batch = _with_live(self._to_device(collate([self.val[i] for i in shard.indices],
+                                                       self.pad_id)), shard.live)
             with self._autocast():
                 loss = float(self.strategy.loss_module(batch))
             if shard.live:
