@@ -52,6 +52,7 @@ from tunesmith.models.compile_cache import (
 )
 from tunesmith.models.flops import batch_flops, build_flop_model
 from tunesmith.models.fp8 import convert_to_fp8
+from tunesmith.models.host_embedding import embedding_to_host
 from tunesmith.models.loader import load_causal_lm, load_tokenizer
 from tunesmith.models.neftune import add_neftune
 from tunesmith.models.processor import (
@@ -60,7 +61,6 @@ from tunesmith.models.processor import (
     save_processor_files,
 )
 from tunesmith.models.provision import resolve_model_path
-from tunesmith.models.host_embedding import embedding_to_host
 from tunesmith.models.speed import (
     CompileGuard,
     SpeedPlan,
