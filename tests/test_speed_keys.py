@@ -35,12 +35,15 @@ def _cfg(**keys):
     ({"packing": True, "bf16": True}, CUDA, VARLEN_ATTENTION),
     ({"neat_packing": True, "bf16": True}, CUDA, VARLEN_ATTENTION),
     ({"packing": True}, CUDA, "sdpa"),  # fp32: no flash kernel
-    ({"bf16": True}, CUDA, "sdpa"),  # padded batches
+    ({"bf16": True}, CUDA, VARLEN_ATTENTION),  # unpacked: padding-free rows
+    ({"bf16": True, "padding_free": "false"}, CUDA, "sdpa"),  # padded batches
+    ({"bf16": True, "stage": "dpo"}, CUDA, "sdpa"),  # pairs stay padded
     ({"packing": True, "bf16": True}, CPU, "sdpa"),  # CPU runs take sdpa
     ({"flash_attn": "disabled"}, CPU, "eager"),
     ({"flash_attn": "sdpa", "packing": True, "bf16": True}, CUDA, "sdpa"),
     ({"flash_attn": "fa2", "packing": True}, CPU, VARLEN_ATTENTION),  # the reference twin
-    ({"flash_attn": "fa3", "bf16": True}, CUDA, "sdpa"),  # SDPA's fused kernels, unpacked
+    ({"flash_attn": "fa3", "bf16": True}, CUDA, VARLEN_ATTENTION),  # padding-free
+    ({"flash_attn": "fa3", "bf16": True, "padding_free": "false"}, CUDA, "sdpa"),  # SDPA's
     ({"flash_attn": "fa2", "attn_implementation": "varlen"}, CPU, VARLEN_ATTENTION),
     ({"attn_implementation": "eager", "packing": True, "bf16": True}, CUDA, "eager"),
 ])

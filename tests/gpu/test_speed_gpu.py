@@ -102,3 +102,26 @@ def test_compile_cache_second_run_loads_artifacts(tmp_path, tiny_llama_dir, alpa
     assert second["compile_cache"]["artifacts_loaded"]
     print(f"time to first step: first {first['time_to_first_step_s']:.1f} s, second "
           f"{second['time_to_first_step_s']:.1f} s")
+
+
+def test_unpacked_defaults_run_padding_free_on_gpu(tmp_path, tiny_llama_dir, alpaca_file):
+    """A YAML without packing or speed keys (LLaMA-Factory's default data path): each
+    micro-batch of 4 runs as one row through varlen flash attention, compiled, and trains
+    the losses of padded rows."""
+    keys = {"per_device_train_batch_size": 4, "bf16": True, "max_steps": 4}
+    flat = run_train(tmp_path / "flat", tiny_llama_dir, alpaca_file, **keys)
+    padded = run_train(tmp_path / "padded", tiny_llama_dir, alpaca_file,
+                       padding_free="false", **keys)
+    sp = flat["speed"]
+    assert sp["padding_free"] is True and sp["padding_free_reason"].startswith("auto")
+    assert sp["padding_free_batches"] == 4 and sp["attention"] == VARLEN_ATTENTION
+    assert sp["compile"] and sp["compile_fallback"] == ""
+    assert padded["speed"]["padding_free"] is False and padded["speed"]["attention"] == "sdpa"
+
+    def losses(run):
+        return [json.loads(line)["loss"] for line in (tmp_path / run / "out" /
+                "metrics.jsonl").open() if '"loss"' in line and '"eval' not in line]
+
+    ref, got = losses("padded"), losses("flat")
+    assert len(ref) == len(got) == 4
+    assert all(abs(a - b) < 2e-2 * abs(b) for a, b in zip(got, ref, strict=True)), (got, ref)

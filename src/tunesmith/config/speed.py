@@ -70,6 +70,14 @@ class SpeedConfig:
         "(recomputing silu(gate) * up), about 38 KB less per token per layer for a 7B model; "
         "same results. auto: on for LoRA runs without DeepSpeed or FSDP; true: on, or an error "
         "saying why it cannot be; false: off.", advanced=True)
+    padding_free: Literal["auto", "true", "false"] = opt(
+        "auto", "Unpacked micro-batches run as one row holding their samples back to back "
+        "(positions restart per sample, varlen attention keeps samples apart) instead of "
+        "rows padded to the longest: the same samples per step and the same loss, no compute "
+        "on padding. auto: on where torch's varlen FlashAttention runs (CUDA GPU, bf16/fp16, "
+        "text sft/pt); true: on (CPU runs use the varlen reference twin), or an error saying "
+        "why it cannot be; false: padded rows. Packed runs are padding-free already.",
+        advanced=True)
     torch_compile_backend: str = opt(
         "inductor", "torch.compile backend for torch_compile (inductor; aot_eager and eager "
         "for debugging).", advanced=True)
@@ -93,6 +101,11 @@ def speed_conflicts(cfg: Config) -> list[tuple[str, str]]:
         out.append(("use_unsloth_gc", "use_unsloth_gc: true (offloaded checkpointing) "
                     "contradicts gradient_checkpointing: selective; keep one of them"))
     out += _checkpointing_kwargs_problems(s)
+    stage = cfg.finetuning.stage
+    if s.padding_free == "true" and stage not in ("sft", "pt"):
+        out.append(("padding_free", f"padding_free: true cannot be applied: stage {stage} "
+                    "batches pairs or rollouts (only sft and pt batches are flattened); set "
+                    "padding_free: auto or false"))
     if reentrant(s) and gc == "selective":
         key = ("gradient_checkpointing_kwargs" if "use_reentrant" in s.gradient_checkpointing_kwargs
                else "use_reentrant_gc")

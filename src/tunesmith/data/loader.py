@@ -28,6 +28,7 @@ class LoaderOptions:
     pin_memory: bool = True
     prefetch_factor: int = 2
     persistent_workers: bool = True
+    flatten: bool = False  # padding_free: each micro-batch one row of its samples
 
 
 class _PlanSampler:
@@ -60,9 +61,9 @@ def batch_iterator(items: Sequence[Any], plan: Plan, epoch: int, position: int, 
     """Collated batches from (epoch, position) on, in plan order."""
     sampler = _PlanSampler(plan, epoch, position)
     if opts.num_workers == 0:
-        return (collate([items[i] for i in idx], pad_id) for idx in sampler)
+        return (collate([items[i] for i in idx], pad_id, opts.flatten) for idx in sampler)
     loader = torch.utils.data.DataLoader(
-        _Items(items), batch_sampler=sampler, collate_fn=partial(collate, pad_id=pad_id),
+        _Items(items), batch_sampler=sampler, collate_fn=partial(collate, pad_id=pad_id, flatten=opts.flatten),
         num_workers=opts.num_workers, pin_memory=opts.pin_memory and device.type == "cuda",
         prefetch_factor=opts.prefetch_factor, persistent_workers=opts.persistent_workers,
         # Its own generator: starting the iterator draws the workers' base seed, and from

@@ -1,9 +1,12 @@
 """One speed plan per run: which attention kernel, recompute mode and compilation the keys
 and the hardware give, each with the reason, and what actually ran (`LeverStats`).
 
-    attn_implementation: auto -> varlen   CUDA GPU, packed batches, bf16/fp16, torch's
-                                          varlen FlashAttention present
-                               -> sdpa    otherwise (its flash backend on CUDA)
+    padding_free: auto -> on              unpacked text sft/pt batches where varlen
+                                          FlashAttention runs: each micro-batch becomes
+                                          one row of its samples back to back
+    attn_implementation: auto -> varlen   CUDA GPU, packed (or padding-free) batches,
+                                          bf16/fp16, torch's varlen FlashAttention present
+                               -> sdpa    otherwise (its fused kernels on CUDA)
     torch_compile: auto -> on             CUDA training of an architecture in
                                           COMPILE_CLEAN_MODEL_TYPES (under DeepSpeed
                                           only the layers' forward, hooks outside; not
@@ -59,6 +62,8 @@ class SpeedPlan:
     compile_backend: str = "inductor"
     tf32: bool = False
     upcast_layernorm: bool = False
+    padding_free: bool = False  # unpacked micro-batches collated as one row each
+    padding_free_reason: str = ""
     stats: LeverStats = field(default_factory=LeverStats)
     host_embedding = None  # models.host_embedding's module (not a field: asdict copies)
 
@@ -71,22 +76,62 @@ class SpeedPlan:
         return {**out, **asdict(self.stats)}
 
 
-def plan_attention(cfg: Config, device: torch.device) -> SpeedPlan:
+def plan_attention(cfg: Config, device: torch.device, vision: bool = False) -> SpeedPlan:
     """The part of the plan needed before the model is loaded."""
-    name, reason = resolve_attention(cfg, device)
+    flat, flat_reason = resolve_padding_free(cfg, device, vision)
+    name, reason = resolve_attention(cfg, device, flat)
     return SpeedPlan(attention=name, attention_reason=reason,
+                     padding_free=flat, padding_free_reason=flat_reason,
                      checkpointing=cfg.training.gradient_checkpointing,
                      reentrant=cfg.speed.use_reentrant_gc, tf32=cfg.speed.tf32,
                      upcast_layernorm=cfg.speed.upcast_layernorm,
                      compile_backend=cfg.speed.torch_compile_backend)
 
 
-def resolve_attention(cfg: Config, device: torch.device) -> tuple[str, str]:
+PADDING_FREE_STAGES = ("sft", "pt")
+
+
+def _requested_attention(cfg: Config) -> str:
     requested = cfg.model.attn_implementation
     flash = FLASH_TO_ATTENTION.get(cfg.speed.flash_attn)
-    if requested == "auto" and flash:
-        requested = flash
-    packed = cfg.data.packing or cfg.data.neat_packing
+    return flash if requested == "auto" and flash else requested
+
+
+def resolve_padding_free(cfg: Config, device: torch.device, vision: bool = False
+                         ) -> tuple[bool, str]:
+    """Whether unpacked micro-batches are collated as one row of their samples (varlen
+    attention keeps them apart), and why."""
+    mode = cfg.speed.padding_free
+    if cfg.data.packing or cfg.data.neat_packing:
+        return False, "packing: the rows are packed (padding-free) already"
+    if mode == "false":
+        return False, "padding_free: false"
+    stage = cfg.finetuning.stage
+    blocker = (f"stage {stage} batches pairs or rollouts (only {' and '.join(PADDING_FREE_STAGES)}"
+               " batches are flattened)" if stage not in PADDING_FREE_STAGES else
+               "vision-language model" if vision else "")
+    if blocker and mode == "true":
+        raise ConfigError(f"padding_free: true cannot be applied: {blocker}; set padding_free: "
+                          "auto or false")
+    if blocker:
+        return False, f"auto: {blocker}"
+    if mode == "true":
+        return True, "padding_free: true"
+    requested = _requested_attention(cfg)
+    if requested not in ("auto", "varlen", VARLEN_ATTENTION, "flash"):
+        return False, f"auto: attn_implementation {requested} runs padded rows"
+    half = device.type == "cuda" and (cfg.training.bf16 or cfg.training.fp16)
+    if not (half and varlen_kernel_available()):
+        return False, ("auto: needs torch's varlen FlashAttention on a CUDA GPU in bf16/fp16; "
+                       "padding_free: true flattens anyway")
+    return True, ("auto: unpacked batches on a CUDA GPU in bf16/fp16, each micro-batch one row "
+                  "of its samples (varlen FlashAttention)")
+
+
+def resolve_attention(cfg: Config, device: torch.device, padding_free: bool = False
+                      ) -> tuple[str, str]:
+    requested = _requested_attention(cfg)
+    packed = cfg.data.packing or cfg.data.neat_packing or padding_free
     half = device.type == "cuda" and (cfg.training.bf16 or cfg.training.fp16)
     if requested == "flash":  # flash_attn: fa2 | fa3
         if device.type != "cuda":
@@ -100,7 +145,8 @@ def resolve_attention(cfg: Config, device: torch.device) -> tuple[str, str]:
                         "kernels (torch picks cuDNN's or FlashAttention's)")
     if requested == "auto":
         if packed and half and varlen_kernel_available():
-            return VARLEN_ATTENTION, "auto: packed batches on a CUDA GPU in bf16/fp16"
+            return VARLEN_ATTENTION, (f"auto: {'padding-free' if padding_free else 'packed'} "
+                                      "batches on a CUDA GPU in bf16/fp16")
         why = ("CPU run" if device.type != "cuda" else "batches not packed" if not packed
                else "no bf16/fp16" if not half else "torch has no varlen FlashAttention")
         return "sdpa", f"auto: {why}"

@@ -201,7 +201,8 @@ def _run_sft(cfg: Config, build_stage: StageBuilder) -> dict[str, Any]:
                       checkpoint_extra=save_artifacts if lora else None,
                       flops_per_token=partial(batch_flops, flop_model),
                       strategy=build_strategy(t, ctx, cfg.run.ddp_find_unused_parameters),
-                      loader=_loader_options(cfg.data), optim=cfg.optim, run=cfg.run)
+                      loader=_loader_options(cfg.data, plan.padding_free), optim=cfg.optim,
+                      run=cfg.run)
     trainer.compile_guard = CompileGuard(model, plan)
     trainer.eval_groups = eval_groups(data.val, cfg.data)
     cache = _open_compile_cache(cfg, model, plan)
@@ -230,15 +231,17 @@ def _run_sft(cfg: Config, build_stage: StageBuilder) -> dict[str, Any]:
         speed = speed_report(plan, started, trainer.throughput.first_step_end, graphs_before)
         speed.update(compile_cache=cache.report() if cache is not None else None,
                      lagged_steps=trainer.lagged,  # no host sync per step (train/lagged.py)
+                     padding_free_batches=trainer.flattened_batches,
                      zero3_whole_layers=getattr(trainer.strategy, "fetch_units", None))
         summary = write_summary(out, cfg, result, data.report, device, speed=speed)
     barrier(ctx)
     return summary
 
 
-def _loader_options(d: Any) -> LoaderOptions:
+def _loader_options(d: Any, flatten: bool = False) -> LoaderOptions:
     return LoaderOptions(d.batch_tokens, d.dataloader_num_workers, d.dataloader_pin_memory,
-                         d.dataloader_prefetch_factor, d.dataloader_persistent_workers)
+                         d.dataloader_prefetch_factor, d.dataloader_persistent_workers,
+                         flatten)
 
 
 def build_model(cfg: Config, model_path: str, device: torch.device,
@@ -249,14 +252,15 @@ def build_model(cfg: Config, model_path: str, device: torch.device,
     follow."""
     m, t = cfg.model, cfg.training
     torch.manual_seed(t.seed)
-    plan = plan_attention(cfg, device)  # before loading: transformers checks the name
+    vision = is_vision_model(model_path)
+    plan = plan_attention(cfg, device, vision)  # before loading: transformers checks it
     model = load_causal_lm(model_path, dtype=_base_dtype(cfg, device),
                            trust_remote_code=m.trust_remote_code,
                            attn_implementation=plan.attention, device=device,
                            opts=load_options(cfg))
     check_wrap_class(model, cfg)
     method = grow_embeddings(model, vocab[0], cfg, vocab[1]) if vocab else cfg.method
-    parts = VisionParts.from_config(cfg.multimodal) if is_vision_model(model_path) else None
+    parts = VisionParts.from_config(cfg.multimodal) if vision else None
     model = prepare_trainable(model, cfg.finetuning, m.adapter_name_or_path, method,
                               master_dtype(cfg, device), parts)
     if cfg.method.fp8:

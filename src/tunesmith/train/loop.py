@@ -127,6 +127,7 @@ class Trainer:
         self.best = BestTracker(model, self.run_cfg, bool(val),
                                 self.strategy.name in ("fsdp", "deepspeed"))
         self.host_embedding = find_host_embedding(model)  # offload: the table on the host
+        self.flattened_batches = 0  # padding_free: micro-batches trained as one row each
 
     def _to_device(self, batch: Batch) -> Batch:
         moved = batch.to(self.device)
@@ -214,7 +215,8 @@ class Trainer:
         total, count = 0.0, 0
         for shard in shard_step(plan, self.ctx.rank, self.world):
             batch = _with_live(self._to_device(collate([self.val[i] for i in shard.indices],
-                                                       self.pad_id)), shard.live)
+                                                       self.pad_id, self.loader.flatten)),
+                               shard.live)
             with self._autocast():
                 loss = float(self.strategy.loss_module(batch))
             if shard.live:
@@ -277,6 +279,8 @@ class Trainer:
             s.trained_tokens_seen += sum(b.n_targets for b, ok in zip(micro, live, strict=True)
                                          if ok)
             self.throughput.add_step([b for b, ok in zip(micro, live, strict=True) if ok])
+            if self.loader.flatten:
+                self.flattened_batches += sum(b.cu_seqlens is not None for b in micro)
             outcomes = ([result] if not isinstance(result, PendingStep) else
                         settle_ready(self, pending, result, values_needed(self, start_epoch)))
             window_losses += [loss for loss, _ in outcomes if math.isfinite(loss)]
@@ -323,7 +327,8 @@ class Trainer:
         if self._batches is not None:  # the loader yields exactly these groups, in order
             micro = [next(self._batches) for _ in groups]
         else:
-            micro = [collate([self.train[i] for i in idx], self.pad_id) for idx in groups]
+            micro = [collate([self.train[i] for i in idx], self.pad_id, self.loader.flatten)
+                     for idx in groups]
         self.throughput.add_data_wait(time.perf_counter() - t0)
         return micro
 
