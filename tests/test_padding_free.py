@@ -46,7 +46,8 @@ def test_flattened_batch_holds_the_same_samples_and_targets():
     # each target is the same (context token, next token) pair in both layouts
     def pairs(b):
         flat_ids = b.input_ids.reshape(-1)
-        return sorted(zip(flat_ids[b.target_index].tolist(), b.target_ids.tolist()))
+        return sorted(zip(flat_ids[b.target_index].tolist(), b.target_ids.tolist(),
+                          strict=True))
     assert pairs(flat) == pairs(padded)
     torch.testing.assert_close(torch.sort(flat.target_ids).values,
                                torch.sort(padded.target_ids).values)
