@@ -110,8 +110,8 @@ def test_unpacked_defaults_run_padding_free_on_gpu(tmp_path, tiny_llama_dir, alp
     the losses of padded rows."""
     keys = {"per_device_train_batch_size": 4, "bf16": True, "max_steps": 4}
     flat = run_train(tmp_path / "flat", tiny_llama_dir, alpaca_file, **keys)
-    padded = run_train(tmp_path / "padded", tiny_llama_dir, alpaca_file,
-                       padding_free="false", **keys)
+    padded = run_train(tmp_path / "padded", tiny_llama_dir, alpaca_file,  # eager: quicker
+                       padding_free="false", torch_compile=False, **keys)
     sp = flat["speed"]
     assert sp["padding_free"] is True and sp["padding_free_reason"].startswith("auto")
     assert sp["padding_free_batches"] == 4 and sp["attention"] == VARLEN_ATTENTION
