@@ -138,3 +138,11 @@ def test_train_padding_free_true_with_a_preference_stage_fails_before_loading(
                                     "padding_free": "true", "output_dir": str(tmp_path / "o")}))
     assert main(["train", str(path)]) != 0
     assert "padding_free: true cannot be applied: stage dpo" in capsys.readouterr().err
+
+
+def test_a_batch_without_padding_keeps_its_rows():
+    """Samples of one length have no padding: the batch stays [B, T] (whole rows take
+    SDPA's fused kernels on a GPU, faster than varlen there)."""
+    samples = _samples((5, 5, 5))
+    flat = collate(samples, 0, flatten=True)
+    assert flat.input_ids.shape == (3, 5) and flat.cu_seqlens is None

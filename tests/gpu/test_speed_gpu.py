@@ -125,3 +125,27 @@ def test_unpacked_defaults_run_padding_free_on_gpu(tmp_path, tiny_llama_dir, alp
     ref, got = losses("padded"), losses("flat")
     assert len(ref) == len(got) == 4
     assert all(abs(a - b) < 2e-2 * abs(b) for a, b in zip(got, ref, strict=True)), (got, ref)
+
+
+def test_whole_rows_under_varlen_take_sdpa_and_match_the_reference():
+    """Rows without packing under tunesmith_varlen (a padding-free run's batch without
+    padding) go to SDPA's causal kernel; the output equals the per-segment reference."""
+    from tunesmith.kernels.attention import (
+        VARLEN_CALLS,
+        row_cu_seqlens,
+        varlen_attention_forward,
+        varlen_attention_reference,
+    )
+
+    torch.manual_seed(0)
+    b, h, hkv, t, d = 2, 8, 2, 256, 64
+    q = torch.randn(b, h, t, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, hkv, t, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, hkv, t, d, device="cuda", dtype=torch.bfloat16)
+    before = VARLEN_CALLS["sdpa_rows"]
+    out, _ = varlen_attention_forward(None, q, k, v, None, scaling=d ** -0.5)
+    assert VARLEN_CALLS["sdpa_rows"] == before + 1 and out.shape == (b, t, h, d)
+    flat = lambda x: x.transpose(1, 2).reshape(b * t, x.shape[1], d).float()  # noqa: E731
+    ref = varlen_attention_reference(flat(q), flat(k), flat(v),
+                                     row_cu_seqlens(b, t, q.device), d ** -0.5)
+    torch.testing.assert_close(out.float().reshape(b * t, h, d), ref, rtol=2e-2, atol=2e-2)

@@ -81,14 +81,15 @@ def collate(samples: Sequence[EncodedSample | PackedRow], pad_id: int,
             flatten: bool = False) -> Batch:
     """Right-pad to the longest sample (or packed row) of the batch. Items that bring their
     own batch type (preference items) are collated by it. `flatten` (padding_free): plain
-    text samples become one row, back to back, as a packed row of exactly these samples."""
+    text samples of different lengths become one row, back to back, as a packed row of
+    exactly these samples (samples of one length have no padding to remove)."""
     first = samples[0] if samples else None
     inner = first.samples[0] if isinstance(first, PackedRow) and first.samples else first
     if hasattr(inner, "collate_items"):
         return inner.collate_items(samples, pad_id)  # type: ignore[union-attr]
     if samples and isinstance(samples[0], PackedRow):
         return collate_packed(samples, pad_id)  # type: ignore[arg-type]
-    if flatten and not has_media([[s] for s in samples]):
+    if flatten and len({len(s) for s in samples}) > 1 and not has_media([[s] for s in samples]):
         return collate_packed([PackedRow(list(samples))], pad_id)  # type: ignore[arg-type]
     t_max = max(len(s) for s in samples)
     b = len(samples)
