@@ -59,10 +59,10 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     b, h, t, d = query.shape
     cu = kwargs.get("cu_seq_lens_q")
     max_len = kwargs.get("max_length_q")
-    if cu is None and query.is_cuda and key.shape[2] == t:
+    if cu is None and key.shape[2] == t:
         # whole rows (no packing; padding-free left a batch without padding as it was): each
         # row is one causal sequence, where SDPA's fused kernels (cuDNN's on an H200) beat
-        # varlen FlashAttention (docs/benchmarks/attn.md)
+        # varlen FlashAttention (docs/benchmarks/attn.md); the same math on any device
         out = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scaling,
                                              enable_gqa=key.shape[1] != h)
         _count_call("sdpa_rows")
