@@ -38,9 +38,7 @@ class HostEmbedding(nn.Embedding):
         self.host_reads = 0  # forwards that read device ids back first (evaluation, ...)
         self._staged: tuple[torch.Tensor, torch.Tensor, torch.cuda.Event | None] | None = None
         self._side: torch.cuda.Stream | None = None
-        # hooks on the replaced module (NEFTune's noise, input-grad hooks) keep running
-        self._forward_hooks.update(source._forward_hooks)
-        self._forward_pre_hooks.update(source._forward_pre_hooks)
+        _move_hooks(source, self)  # NEFTune's noise, input-grad hooks keep running
 
     def _apply(self, fn, recurse=True):  # noqa: ARG002 - the table stays in host memory
         return self
@@ -87,6 +85,17 @@ class HostEmbedding(nn.Embedding):
         if done is not None:
             torch.cuda.current_stream(self.device).wait_event(done)
         return rows
+
+
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_forward_hooks_with_kwargs",
+               "_forward_hooks_always_called", "_forward_pre_hooks_with_kwargs")
+
+
+def _move_hooks(source: nn.Module, target: nn.Module) -> None:
+    """The forward hooks registered on `source` (with their flags) now run on `target`."""
+    for name in _HOOK_DICTS:
+        if hasattr(source, name) and hasattr(target, name):
+            getattr(target, name).update(getattr(source, name))
 
 
 def host_embedding_blocker(model: nn.Module, checkpointing: str, sharded: bool,
@@ -144,8 +153,7 @@ def embedding_to_device(model: nn.Module) -> bool:
     emb = nn.Embedding(host.num_embeddings, host.embedding_dim, padding_idx=host.padding_idx,
                        device="meta")
     emb.weight = nn.Parameter(host.weight.to(host.device), requires_grad=False)
-    emb._forward_hooks.update(host._forward_hooks)
-    emb._forward_pre_hooks.update(host._forward_pre_hooks)
+    _move_hooks(host, emb)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     base.set_input_embeddings(emb)
     return True
