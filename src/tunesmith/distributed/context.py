@@ -37,6 +37,11 @@ class DistContext:
         return max(1, self.world_size // max(self.local_world_size, 1))
 
 
+def several_ranks() -> bool:
+    """A process group with more than one rank is up."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def pick_backend(requested: str, device: torch.device, cpu_offload: bool = False) -> str:
     """ddp_backend -> a torch.distributed backend string."""
     if requested == "nccl" and device.type != "cuda":

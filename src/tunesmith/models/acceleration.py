@@ -144,7 +144,7 @@ def set_attention(model: torch.nn.Module, name: str) -> None:
         name = register_varlen_attention()
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     language = getattr(getattr(base, "model", None), "language_model", None)
-    if language is not None and hasattr(base.model, "visual"):
+    if language is not None and is_vision_language(base):
         # vision-language: the (causal, packed) language model only; the vision tower keeps
         # its own bidirectional attention
         base = language
@@ -154,6 +154,12 @@ def set_attention(model: torch.nn.Module, name: str) -> None:
         base.set_attn_implementation(name)
     else:  # older transformers
         base.config._attn_implementation = name
+
+
+def is_vision_language(model: torch.nn.Module) -> bool:
+    """A vision-language model (a vision tower beside its language model)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return hasattr(getattr(base, "model", None), "visual")
 
 
 def use_varlen_attention(model: torch.nn.Module) -> None:

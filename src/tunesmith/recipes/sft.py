@@ -27,7 +27,13 @@ from tunesmith.data.loader import LoaderOptions
 from tunesmith.data.loading import DataContext, apply_packing, prepare_data
 from tunesmith.data.slot_renderer import check_added_tokens, make_renderer
 from tunesmith.data.template import load_template_source
-from tunesmith.distributed.context import DistContext, barrier, broadcast_object, init_distributed
+from tunesmith.distributed.context import (
+    DistContext,
+    barrier,
+    broadcast_object,
+    init_distributed,
+    several_ranks,
+)
 from tunesmith.distributed.deepspeed import leave_single_rank_group
 from tunesmith.distributed.handoff import prepare_on_main
 from tunesmith.distributed.strategy import build_strategy, fsdp_settings
@@ -39,6 +45,7 @@ from tunesmith.models.acceleration import (
     apply_fused_lora_mlp,
     compile_decoder_layers,
     enable_checkpointing,
+    is_vision_language,
     keep_lora_inputs_in_compute_dtype,
     set_attention,
     set_tf32,
@@ -195,10 +202,9 @@ def _run_sft(cfg: Config, build_stage: StageBuilder) -> dict[str, Any]:
     metrics = (MetricsLog(out / METRICS_FILE, t.report_to, out, cfg.run.logging_dir,
                           cfg.run.run_name) if ctx.is_main else None)
     lora = f.finetuning_type in ("lora", "oft")  # an adapter is the output
-    trainer = Trainer(model, stage.objective, train_items,
-                      data.val, t, pad_id=tokenizer.pad_token_id, device=device,
-                      output_dir=out, metrics=metrics,
-                      checkpoint_extra=save_artifacts if lora else None,
+    trainer = Trainer(model, stage.objective, train_items, data.val, t,
+                      pad_id=tokenizer.pad_token_id, device=device, output_dir=out,
+                      metrics=metrics, checkpoint_extra=save_artifacts if lora else None,
                       flops_per_token=partial(batch_flops, flop_model),
                       strategy=build_strategy(t, ctx, cfg.run.ddp_find_unused_parameters),
                       loader=_loader_options(cfg.data, plan.padding_free), optim=cfg.optim,
@@ -228,14 +234,21 @@ def _run_sft(cfg: Config, build_stage: StageBuilder) -> dict[str, Any]:
         save_artifacts(out, state_dict=gathered)
         if cfg.method.pissa_convert:
             save_pissa_converted(model, out)
-        speed = speed_report(plan, started, trainer.throughput.first_step_end, graphs_before)
-        speed.update(compile_cache=cache.report() if cache is not None else None,
-                     lagged_steps=trainer.lagged,  # no host sync per step (train/lagged.py)
-                     padding_free_batches=trainer.flattened_batches,
-                     zero3_whole_layers=getattr(trainer.strategy, "fetch_units", None))
-        summary = write_summary(out, cfg, result, data.report, device, speed=speed)
+        summary = write_summary(out, cfg, result, data.report, device,
+                                speed=_run_speed(plan, trainer, cache, started, graphs_before))
     barrier(ctx)
     return summary
+
+
+def _run_speed(plan: SpeedPlan, trainer: Trainer, cache: CompileCache | None, started: float,
+               graphs_before: int) -> dict[str, Any]:
+    """run_summary.speed: the plan as resolved, with what ran."""
+    speed = speed_report(plan, started, trainer.throughput.first_step_end, graphs_before)
+    speed.update(compile_cache=cache.report() if cache is not None else None,
+                 lagged_steps=trainer.lagged,  # no host sync per step (train/lagged.py)
+                 padding_free_batches=trainer.flattened_batches,
+                 zero3_whole_layers=getattr(trainer.strategy, "fetch_units", None))
+    return speed
 
 
 def _loader_options(d: Any, flatten: bool = False) -> LoaderOptions:
@@ -300,7 +313,7 @@ def apply_speed_settings(model: torch.nn.Module, cfg: Config,
             amp_dtype(cfg.training, device) is not None:  # the trainer autocasts every pass
         plan.stats.lora_inputs_uncast = keep_lora_inputs_in_compute_dtype(model)
     plan.host_embedding, plan.stats.input_embedding = embedding_to_host(
-        model, plan.checkpointing, sharded=bool(sharded_by) or _several_ranks(),
+        model, plan.checkpointing, sharded=bool(sharded_by) or several_ranks(),
         vision=is_vision_language(model))
     plan.stats.checkpointed_layers = enable_checkpointing(
         model, plan.checkpointing, reentrant=plan.reentrant, stats=plan.stats)
@@ -312,16 +325,6 @@ def apply_speed_settings(model: torch.nn.Module, cfg: Config,
     use_compiled_loss(plan.compile and device.type == "cuda"
                       and plan.compile_backend == "inductor")
     return plan
-
-
-def _several_ranks() -> bool:
-    dist = torch.distributed
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def is_vision_language(model: torch.nn.Module) -> bool:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return hasattr(getattr(base, "model", None), "visual")
 
 
 def _open_compile_cache(cfg: Config, model: torch.nn.Module, plan: SpeedPlan

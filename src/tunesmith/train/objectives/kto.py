@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from tunesmith.distributed.context import several_ranks
+
 
 @dataclass(frozen=True)
 class KtoSettings:
@@ -35,7 +37,7 @@ def kto_kl(kl_policy: torch.Tensor, kl_ref: torch.Tensor, live: bool = True) -> 
     diff = (kl_policy - kl_ref).detach().double() * float(live)
     total = torch.stack([diff.sum(), torch.tensor(float(diff.numel() * live),
                                                    dtype=torch.float64, device=diff.device)])
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+    if several_ranks():
         dist.all_reduce(total)  # every rank runs every micro-batch (fillers too): same count
     return (total[0] / total[1].clamp(min=1)).clamp(min=0).to(kl_policy.dtype)
 
