@@ -101,17 +101,27 @@ def speed_conflicts(cfg: Config) -> list[tuple[str, str]]:
         out.append(("use_unsloth_gc", "use_unsloth_gc: true (offloaded checkpointing) "
                     "contradicts gradient_checkpointing: selective; keep one of them"))
     out += _checkpointing_kwargs_problems(s)
-    stage = cfg.finetuning.stage
-    if s.padding_free == "true" and stage not in ("sft", "pt"):
-        out.append(("padding_free", f"padding_free: true cannot be applied: stage {stage} "
-                    "batches pairs or rollouts (only sft and pt batches are flattened); set "
-                    "padding_free: auto or false"))
+    stage_blocker = padding_free_stage_blocker(cfg.finetuning.stage)
+    if s.padding_free == "true" and stage_blocker:
+        out.append(("padding_free", f"padding_free: true cannot be applied: {stage_blocker}; "
+                    "set padding_free: auto or false"))
     if reentrant(s) and gc == "selective":
         key = ("gradient_checkpointing_kwargs" if "use_reentrant" in s.gradient_checkpointing_kwargs
                else "use_reentrant_gc")
         out.append((key, f"{key}: reentrant checkpointing cannot run selective recompute (it "
                     "needs non-reentrant checkpointing); set use_reentrant to false"))
     return out
+
+
+PADDING_FREE_STAGES = ("sft", "pt")
+
+
+def padding_free_stage_blocker(stage: str) -> str:
+    """Why a stage's batches cannot be flattened ("" for sft and pt)."""
+    if stage in PADDING_FREE_STAGES:
+        return ""
+    return (f"stage {stage} batches pairs or rollouts (only "
+            f"{' and '.join(PADDING_FREE_STAGES)} batches are flattened)")
 
 
 def reentrant(s: SpeedConfig) -> bool:

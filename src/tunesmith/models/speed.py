@@ -23,7 +23,11 @@ from typing import Any
 import torch
 
 from tunesmith.config.schema import Config
-from tunesmith.config.speed import FLASH_TO_ATTENTION, zero3_layers_whole
+from tunesmith.config.speed import (
+    FLASH_TO_ATTENTION,
+    padding_free_stage_blocker,
+    zero3_layers_whole,
+)
 from tunesmith.errors import ConfigError
 from tunesmith.kernels.attention import VARLEN_ATTENTION, varlen_kernel_available
 
@@ -88,9 +92,6 @@ def plan_attention(cfg: Config, device: torch.device, vision: bool = False) -> S
                      compile_backend=cfg.speed.torch_compile_backend)
 
 
-PADDING_FREE_STAGES = ("sft", "pt")
-
-
 def _requested_attention(cfg: Config) -> str:
     requested = cfg.model.attn_implementation
     flash = FLASH_TO_ATTENTION.get(cfg.speed.flash_attn)
@@ -106,10 +107,8 @@ def resolve_padding_free(cfg: Config, device: torch.device, vision: bool = False
         return False, "packing: the rows are packed (padding-free) already"
     if mode == "false":
         return False, "padding_free: false"
-    stage = cfg.finetuning.stage
-    blocker = (f"stage {stage} batches pairs or rollouts (only {' and '.join(PADDING_FREE_STAGES)}"
-               " batches are flattened)" if stage not in PADDING_FREE_STAGES else
-               "vision-language model" if vision else "")
+    blocker = padding_free_stage_blocker(cfg.finetuning.stage) or (
+        "vision-language model" if vision else "")
     if blocker and mode == "true":
         raise ConfigError(f"padding_free: true cannot be applied: {blocker}; set padding_free: "
                           "auto or false")
