@@ -74,16 +74,14 @@ class HostEmbedding(nn.Embedding):
         if staged is not None and staged[0] is input_ids:
             self.staged_hits += 1
             _, rows, done = staged
-            if done is not None:
-                stream = torch.cuda.current_stream(self.device)
-                stream.wait_event(done)
-                rows.record_stream(stream)
-            return rows
-        if input_ids.device.type != "cpu":
-            self.host_reads += 1
-        rows, done = self._to_device(self._gather(input_ids.cpu()))
-        if done is not None:
-            torch.cuda.current_stream(self.device).wait_event(done)
+        else:
+            if input_ids.device.type != "cpu":
+                self.host_reads += 1
+            rows, done = self._to_device(self._gather(input_ids.cpu()))
+        if done is not None:  # copied on the side stream: used (and freed) on this one
+            stream = torch.cuda.current_stream(self.device)
+            stream.wait_event(done)
+            rows.record_stream(stream)
         return rows
 
 
@@ -96,6 +94,10 @@ def _move_hooks(source: nn.Module, target: nn.Module) -> None:
     for name in _HOOK_DICTS:
         if hasattr(source, name) and hasattr(target, name):
             getattr(target, name).update(getattr(source, name))
+
+
+def _base(model: nn.Module) -> nn.Module:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def host_embedding_blocker(model: nn.Module, checkpointing: str, sharded: bool,
@@ -123,7 +125,7 @@ def embedding_to_host(model: nn.Module, checkpointing: str, sharded: bool = Fals
                       vision: bool = False) -> tuple[HostEmbedding | None, str]:
     """Move the frozen input embedding table to host memory where that is safe; returns the
     new module (None when it stayed) and the reason."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     blocker = host_embedding_blocker(base, checkpointing, sharded, vision)
     if blocker:
         return None, f"on the device: {blocker}"
@@ -131,7 +133,6 @@ def embedding_to_host(model: nn.Module, checkpointing: str, sharded: bool = Fals
     device = emb.weight.device
     host = HostEmbedding(emb, device)
     base.set_input_embeddings(host)
-    del emb
     mb = host.weight.numel() * host.weight.element_size() / 2**20
     log.info("gradient_checkpointing: offload: the frozen input embedding (%.0f MB) is kept "
              "in host memory; each batch's rows are gathered there", mb)
@@ -139,7 +140,7 @@ def embedding_to_host(model: nn.Module, checkpointing: str, sharded: bool = Fals
 
 
 def find_host_embedding(model: nn.Module) -> HostEmbedding | None:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base = _base(model)
     emb = base.get_input_embeddings() if hasattr(base, "get_input_embeddings") else None
     return emb if isinstance(emb, HostEmbedding) else None
 
@@ -154,6 +155,5 @@ def embedding_to_device(model: nn.Module) -> bool:
                        device="meta")
     emb.weight = nn.Parameter(host.weight.to(host.device), requires_grad=False)
     _move_hooks(host, emb)
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    base.set_input_embeddings(emb)
+    _base(model).set_input_embeddings(emb)
     return True
